@@ -1,0 +1,19 @@
+//! faultrig: a network fault-injection test rig.
+//!
+//! A map of the crate, by layer:
+//!
+//! - [`units`]: the durations, bit rates and sizes people type, parsed one way everywhere.
+//! - [`profile`]: network profiles (TOML) parsed, validated and resolved per direction.
+//! - [`fault`]: the pure, seeded impairment model. Time and bytes in, release times out; no
+//!   sockets, no clock, so it is tested on a virtual clock against closed forms.
+//! - [`proxy`]: the TCP proxy that puts the model between real sockets, with its precise
+//!   release scheduler and live counters.
+//! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod fault;
+pub mod profile;
+pub mod proxy;
+pub mod units;

@@ -1,0 +1,32 @@
+//! The `faultrig` binary: parse the command line, set up logging, dispatch to [`faultrig::cli`].
+
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+
+fn main() {
+    let cli = faultrig::cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    raise_fd_limit();
+    if let Err(e) = faultrig::cli::run(cli) {
+        eprintln!("error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}
+
+/// A proxy holds two sockets per connection; the default soft limit (1024) would cap it near
+/// 500 connections, so use the hard limit.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}

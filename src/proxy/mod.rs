@@ -1,0 +1,251 @@
+//! The fault proxy: accepts clients, connects each to the upstream, and moves bytes through the
+//! fault model in both directions.
+//!
+//! - [`Proxy`] owns the configuration and live counters; [`Proxy::run`] serves a listener until
+//!   `shutdown` completes (tests call it on port 0).
+//! - [`pipe`] moves the bytes of one connection: a plain copy for unimpaired profiles, or the
+//!   scheduled pipe that asks the model for release times and writes at those times.
+//! - [`timer`] is the precise scheduler the scheduled pipe sleeps on.
+
+pub mod pipe;
+pub mod timer;
+
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::fault::ConnectionModel;
+use crate::profile::Profile;
+
+/// Default bytes in flight per direction before the proxy stops reading.
+pub const DEFAULT_WINDOW: usize = 4 << 20;
+
+/// Tunables of one proxy.
+#[derive(Clone, Debug)]
+pub struct ProxyOptions {
+    /// Labels logs and keys the RNG streams: two proxies with the same seed but different names
+    /// draw different faults.
+    pub name: String,
+    /// Run seed; with the same seed, connection ordinal and traffic, the faults repeat exactly.
+    pub seed: u64,
+    /// Maximum bytes buffered per direction; past it the proxy stops reading so the sender
+    /// feels TCP back-pressure instead of the proxy growing without bound.
+    pub window: usize,
+    /// How long to wait for the upstream's accept before giving up on a client.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        ProxyOptions {
+            name: "proxy".to_string(),
+            seed: 0,
+            window: DEFAULT_WINDOW,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Live counters of one direction.
+#[derive(Debug, Default)]
+pub struct DirectionStats {
+    /// Bytes delivered to the receiving side.
+    pub bytes: AtomicU64,
+    /// Segments (and SYN/SYN-ACKs) the model declared lost, each stalling delivery.
+    pub stalls: AtomicU64,
+}
+
+/// Live counters of one proxy, read by the runner between cells.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Client connections accepted.
+    pub connections: AtomicU64,
+    /// Connections currently open.
+    pub active: AtomicU64,
+    /// Clients closed because the upstream could not be reached.
+    pub connect_failures: AtomicU64,
+    /// Client → server.
+    pub upstream: DirectionStats,
+    /// Server → client.
+    pub downstream: DirectionStats,
+}
+
+/// A point-in-time copy of [`ProxyStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub connections: u64,
+    pub active: u64,
+    pub connect_failures: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub stalls_up: u64,
+    pub stalls_down: u64,
+}
+
+impl ProxyStats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            connections: get(&self.connections),
+            active: get(&self.active),
+            connect_failures: get(&self.connect_failures),
+            bytes_up: get(&self.upstream.bytes),
+            bytes_down: get(&self.downstream.bytes),
+            stalls_up: get(&self.upstream.stalls),
+            stalls_down: get(&self.downstream.stalls),
+        }
+    }
+}
+
+/// Everything a connection task needs, shared by all of them.
+struct Shared {
+    upstream: String,
+    profile: Profile,
+    options: ProxyOptions,
+    stats: Arc<ProxyStats>,
+}
+
+/// One fault proxy: an upstream address, a profile and its counters.
+pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+impl Proxy {
+    pub fn new(upstream: impl Into<String>, profile: Profile, options: ProxyOptions) -> Proxy {
+        Proxy {
+            shared: Arc::new(Shared {
+                upstream: upstream.into(),
+                profile,
+                options,
+                stats: Arc::new(ProxyStats::default()),
+            }),
+        }
+    }
+
+    /// The live counters; keep the `Arc` to read them while the proxy runs.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Serves `listener` until `shutdown` completes, then closes every connection and returns
+    /// once their tasks have ended.
+    pub async fn run(self, listener: TcpListener, shutdown: impl Future) -> io::Result<()> {
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let mut ordinal = 0u64;
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((client, peer)) => {
+                    tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
+                    let shared = self.shared.clone();
+                    let cancel = cancel.child_token();
+                    tasks.spawn(serve_connection(shared, client, ordinal, cancel));
+                    ordinal += 1;
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: keep serving the connections we
+                    // have, and try again shortly rather than spinning on the error.
+                    tracing::warn!(proxy = %self.shared.options.name, "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        cancel.cancel();
+        tasks.close();
+        tasks.wait().await;
+        Ok(())
+    }
+}
+
+/// Runs a proxy with default options (seed 0, 4 MiB window) until `shutdown` completes.
+pub async fn run(
+    listener: TcpListener,
+    upstream: impl Into<String>,
+    profile: Profile,
+    shutdown: impl Future,
+) -> io::Result<()> {
+    Proxy::new(upstream, profile, ProxyOptions::default())
+        .run(listener, shutdown)
+        .await
+}
+
+/// Decrements the active-connection gauge however the connection ends.
+struct ActiveGuard<'a>(&'a AtomicU64);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_connection(
+    shared: Arc<Shared>,
+    client: TcpStream,
+    ordinal: u64,
+    cancel: CancellationToken,
+) {
+    let accepted_at = Instant::now();
+    let stats = &shared.stats;
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    stats.active.fetch_add(1, Ordering::Relaxed);
+    let _active = ActiveGuard(&stats.active);
+    let _ = client.set_nodelay(true);
+
+    let connect = tokio::time::timeout(
+        shared.options.connect_timeout,
+        TcpStream::connect(&shared.upstream),
+    );
+    let upstream = tokio::select! {
+        _ = cancel.cancelled() => return,
+        result = connect => match result {
+            Ok(Ok(upstream)) => upstream,
+            Ok(Err(e)) => return refuse(&shared, &client, &e.to_string()),
+            Err(_) => return refuse(&shared, &client, "connect timed out"),
+        },
+    };
+    let _ = upstream.set_nodelay(true);
+
+    let ends = pipe::Ends {
+        client: &client,
+        upstream: &upstream,
+        stats,
+        abort: &cancel,
+    };
+    if shared.profile.is_unimpaired() {
+        pipe::copy_both(ends).await;
+    } else {
+        let model = ConnectionModel::new(
+            &shared.profile,
+            shared.options.seed,
+            &shared.options.name,
+            ordinal,
+        );
+        pipe::schedule_both(ends, model, accepted_at, shared.options.window).await;
+    }
+    tracing::debug!(proxy = %shared.options.name, ordinal, "closed");
+}
+
+/// The upstream is unreachable: reset the client, as a refused connect would have.
+fn refuse(shared: &Shared, client: &TcpStream, why: &str) {
+    shared
+        .stats
+        .connect_failures
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        proxy = %shared.options.name,
+        upstream = %shared.upstream,
+        "cannot reach upstream ({why}); resetting the client connection"
+    );
+    pipe::reset_on_close(client);
+}

@@ -1,0 +1,329 @@
+//! Moving one connection's bytes, both directions at once.
+//!
+//! Each direction ends in one of three ways, and the proxy mirrors what it saw:
+//! - the source sends FIN: after every byte before it is delivered, the destination gets FIN
+//!   (half-close; the other direction carries on);
+//! - the source resets (or reading fails): after the bytes before it, the destination is reset;
+//! - writing to the destination fails: its peer is gone, so the source is reset.
+//!
+//! A reset aborts the whole connection: the caller drops both sockets, and `SO_LINGER 0` turns
+//! that close into an RST.
+//!
+//! No buffer is held while a direction waits for data, so idle connections cost only their
+//! task and sockets.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::timer::sleep_until;
+use super::{DirectionStats, ProxyStats};
+use crate::fault::{ConnectionModel, LinkModel, Segment};
+
+/// Largest single read. Big enough that bulk transfers cost few syscalls per megabyte.
+const READ_CHUNK: usize = 128 * 1024;
+/// Most slices handed to one vectored write.
+const MAX_IOV: usize = 64;
+
+/// The two sockets of a connection and what the pipes report to.
+pub struct Ends<'a> {
+    pub client: &'a TcpStream,
+    pub upstream: &'a TcpStream,
+    pub stats: &'a ProxyStats,
+    /// Cancelled to end the connection now (a reset, or the proxy shutting down).
+    pub abort: &'a CancellationToken,
+}
+
+/// Unimpaired profiles: copy bytes as soon as they are read.
+pub async fn copy_both(ends: Ends<'_>) {
+    let up = copy(ends.client, ends.upstream, &ends.stats.upstream, ends.abort);
+    let down = copy(
+        ends.upstream,
+        ends.client,
+        &ends.stats.downstream,
+        ends.abort,
+    );
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = ends.abort.cancelled() => {}
+    }
+}
+
+async fn copy(src: &TcpStream, dst: &TcpStream, stats: &DirectionStats, abort: &CancellationToken) {
+    loop {
+        match read_some(src).await {
+            Ok(Some(bytes)) => {
+                if write_all(dst, &bytes).await.is_err() {
+                    return reset_and_abort(src, abort);
+                }
+                stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            Ok(None) => return shutdown_write(dst),
+            Err(_) => return reset_and_abort(dst, abort),
+        }
+    }
+}
+
+/// Impaired profiles: each direction is a reader that timestamps reads and asks the model for
+/// release times, and a writer that delivers at those times.
+pub async fn schedule_both(ends: Ends<'_>, model: ConnectionModel, epoch: Instant, window: usize) {
+    let ConnectionModel {
+        upstream: mut up_model,
+        downstream: mut down_model,
+        syn_losses,
+        synack_losses,
+        ..
+    } = model;
+    let stats = ends.stats;
+    stats
+        .upstream
+        .stalls
+        .fetch_add(u64::from(syn_losses), Ordering::Relaxed);
+    stats
+        .downstream
+        .stalls
+        .fetch_add(u64::from(synack_losses), Ordering::Relaxed);
+    let up = Direction::new(window, epoch, &stats.upstream);
+    let down = Direction::new(window, epoch, &stats.downstream);
+    let abort = ends.abort;
+    let work = async {
+        tokio::join!(
+            up.read(ends.client, &mut up_model),
+            up.write(ends.upstream, ends.client, abort),
+            down.read(ends.upstream, &mut down_model),
+            down.write(ends.client, ends.upstream, abort),
+        )
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = abort.cancelled() => {}
+    }
+}
+
+/// What the writer delivers, in order, each not before its time.
+enum Release {
+    Data(Instant, Bytes),
+    Fin(Instant),
+    Reset(Instant),
+}
+
+impl Release {
+    fn at(&self) -> Instant {
+        match *self {
+            Release::Data(at, _) | Release::Fin(at) | Release::Reset(at) => at,
+        }
+    }
+}
+
+/// One scheduled direction: the queue between its reader and writer.
+struct Direction<'a> {
+    /// Releases in non-decreasing time order (the model guarantees it).
+    queue: Mutex<VecDeque<Release>>,
+    /// Wakes the writer when the queue was empty and now is not.
+    pushed: Notify,
+    /// Bytes that may still be read before the writer catches up: the flow-control window.
+    window: Semaphore,
+    /// The connection's time zero: model time is measured from it.
+    epoch: Instant,
+    stats: &'a DirectionStats,
+}
+
+impl<'a> Direction<'a> {
+    fn new(window: usize, epoch: Instant, stats: &'a DirectionStats) -> Self {
+        Direction {
+            queue: Mutex::new(VecDeque::new()),
+            pushed: Notify::new(),
+            window: Semaphore::new(window.max(READ_CHUNK)),
+            epoch,
+            stats,
+        }
+    }
+
+    fn push(&self, releases: impl IntoIterator<Item = Release>) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(releases);
+        self.pushed.notify_one();
+    }
+
+    async fn read(&self, src: &TcpStream, model: &mut LinkModel) {
+        let mut segments = Vec::new();
+        loop {
+            // Reserve room for a full read first: when the window is full we stop reading, and
+            // the sender's kernel buffers fill up behind us.
+            let Ok(permit) = self.window.acquire_many(READ_CHUNK as u32).await else {
+                return;
+            };
+            permit.forget();
+            let read = read_some(src).await;
+            let now = Instant::now().duration_since(self.epoch);
+            match read {
+                Ok(Some(bytes)) => {
+                    self.window.add_permits(READ_CHUNK - bytes.len());
+                    segments.clear();
+                    model.send(now, bytes.len(), &mut segments);
+                    let lost = segments.iter().filter(|s| s.lost).count() as u64;
+                    if lost > 0 {
+                        self.stats.stalls.fetch_add(lost, Ordering::Relaxed);
+                    }
+                    self.push(coalesce(&segments, bytes, self.epoch));
+                }
+                Ok(None) => {
+                    self.window.add_permits(READ_CHUNK);
+                    let fin = model.send_fin(now);
+                    if fin.lost {
+                        self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return self.push([Release::Fin(self.epoch + fin.release)]);
+                }
+                Err(e) => {
+                    tracing::debug!("read failed ({e}); propagating a reset");
+                    return self.push([Release::Reset(self.epoch + model.send_reset(now))]);
+                }
+            }
+        }
+    }
+
+    async fn write(&self, dst: &TcpStream, src: &TcpStream, abort: &CancellationToken) {
+        let mut batch: VecDeque<Bytes> = VecDeque::new();
+        loop {
+            let head = self
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .front()
+                .map(Release::at);
+            let Some(at) = head else {
+                self.pushed.notified().await;
+                continue;
+            };
+            sleep_until(at).await;
+            let mut end = None;
+            {
+                let now = Instant::now();
+                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                while batch.len() < MAX_IOV && queue.front().is_some_and(|r| r.at() <= now) {
+                    match queue.pop_front().expect("front exists") {
+                        Release::Data(_, bytes) => batch.push_back(bytes),
+                        other => {
+                            end = Some(other);
+                            break;
+                        }
+                    }
+                }
+            }
+            let len: usize = batch.iter().map(Bytes::len).sum();
+            if write_all_vectored(dst, &mut batch).await.is_err() {
+                return reset_and_abort(src, abort);
+            }
+            self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+            self.window.add_permits(len);
+            match end {
+                Some(Release::Fin(_)) => return shutdown_write(dst),
+                Some(Release::Reset(_)) => return reset_and_abort(dst, abort),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Turns the model's per-segment releases into queue entries, merging neighbours that share a
+/// release time (the common case without jitter: one entry per read).
+fn coalesce(segments: &[Segment], mut bytes: Bytes, epoch: Instant) -> Vec<Release> {
+    let mut out = Vec::with_capacity(1);
+    let mut i = 0;
+    while i < segments.len() {
+        let release = segments[i].release;
+        let mut len = 0;
+        while i < segments.len() && segments[i].release == release {
+            len += segments[i].len;
+            i += 1;
+        }
+        out.push(Release::Data(epoch + release, bytes.split_to(len)));
+    }
+    out
+}
+
+/// Waits for data and reads one chunk: `Ok(None)` at end of stream. The buffer is allocated only
+/// once the socket is readable, and small reads are copied out so a queued chunk never pins a
+/// mostly empty allocation.
+async fn read_some(src: &TcpStream) -> io::Result<Option<Bytes>> {
+    loop {
+        src.readable().await?;
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        match src.try_read_buf(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) if n < READ_CHUNK / 2 => return Ok(Some(Bytes::copy_from_slice(&buf))),
+            Ok(_) => return Ok(Some(buf.freeze())),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match dst.try_write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes and drains every buffer in `bufs`.
+async fn write_all_vectored(dst: &TcpStream, bufs: &mut VecDeque<Bytes>) -> io::Result<()> {
+    while !bufs.is_empty() {
+        let result = {
+            let slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+            dst.try_write_vectored(&slices)
+        };
+        match result {
+            Ok(mut n) => {
+                while n > 0 {
+                    let front = bufs.front_mut().expect("wrote at most what was queued");
+                    if n >= front.len() {
+                        n -= front.len();
+                        bufs.pop_front();
+                    } else {
+                        front.advance(n);
+                        n = 0;
+                    }
+                }
+                while bufs.front().is_some_and(Bytes::is_empty) {
+                    bufs.pop_front();
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn shutdown_write(dst: &TcpStream) {
+    // Fails only if the peer is already gone, which the other direction will notice.
+    let _ = socket2::SockRef::from(dst).shutdown(std::net::Shutdown::Write);
+}
+
+/// Makes the eventual close of `sock` an RST instead of a FIN.
+pub fn reset_on_close(sock: &TcpStream) {
+    let _ = socket2::SockRef::from(sock).set_linger(Some(Duration::ZERO));
+}
+
+fn reset_and_abort(sock: &TcpStream, abort: &CancellationToken) {
+    reset_on_close(sock);
+    abort.cancel();
+}

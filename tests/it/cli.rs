@@ -1,0 +1,172 @@
+//! The real binary: profile commands, clear errors with exit code 2, and a proxy process.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+use crate::util::*;
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn profiles_list_shows_every_builtin() {
+    let o = faultrig(&["profiles", "list"]);
+    assert!(o.status.success());
+    for name in [
+        "local",
+        "lan",
+        "lan-wifi",
+        "lossy-10ms-1pct",
+        "wan",
+        "longhaul",
+        "bursty",
+    ] {
+        assert!(
+            stdout(&o).lines().any(|l| l.starts_with(name)),
+            "{name} missing"
+        );
+    }
+}
+
+#[test]
+fn profiles_show_prints_effective_values_that_check_accepts() {
+    let o = faultrig(&["profiles", "show", "lossy-10ms-1pct"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for line in [
+        "delay = \"10ms\"",
+        "loss = 0.01",
+        "rto_min = \"200ms\"",
+        "syn_rto = \"1s\"",
+        "mss = 1448",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    let dir = tempdir();
+    let file = dir.path().join("shown.toml");
+    std::fs::write(&file, &text).unwrap();
+    let o = faultrig(&["profiles", "check", file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ok (lossy-10ms-1pct)"));
+}
+
+#[test]
+fn bad_profiles_name_file_line_and_key_and_exit_2() {
+    let dir = tempdir();
+    let cases = [
+        (
+            "[link]\ndelay = \"10ms\"\nloss = 1.5\n",
+            ":3: key `link.loss`",
+            "outside [0, 1]",
+        ),
+        (
+            "[link]\n\ndelay = \"-5ms\"\n",
+            ":3: key `link.delay`",
+            "negative",
+        ),
+        (
+            "[link]\nrate = \"12parsecs\"\n",
+            ":2: key `link.rate`",
+            "rate unit",
+        ),
+        (
+            "name = \"x\"\n[upstream]\nlatency = \"5ms\"\n",
+            ":3: key `upstream.latency`",
+            "unknown field",
+        ),
+    ];
+    for (i, (src, location, message)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&file, src).unwrap();
+        let path = file.to_str().unwrap();
+        for args in [
+            vec!["profiles", "check", path],
+            vec!["proxy", "--upstream", "127.0.0.1:9", "--profile", path],
+        ] {
+            let o = faultrig(&args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+            let err = stderr(&o);
+            assert_eq!(err.lines().count(), 1, "one message: {err}");
+            assert!(err.contains(&format!("{path}{location}")), "{err}");
+            assert!(err.contains(message), "{err}");
+        }
+    }
+}
+
+#[test]
+fn unknown_profile_name_and_bad_flags_exit_2() {
+    let o = faultrig(&["proxy", "--upstream", "127.0.0.1:9", "--profile", "no-such"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("lossy-10ms-1pct"),
+        "lists the built-ins"
+    );
+    let o = faultrig(&["proxy", "--upstream", "127.0.0.1:9", "--listen", "nowhere"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--listen"));
+    let o = faultrig(&[
+        "proxy",
+        "--upstream",
+        "127.0.0.1:9",
+        "--window",
+        "4 parsecs",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// `faultrig proxy` as its own process: prints the bound address, forwards, stops on SIGTERM.
+#[test]
+fn proxy_process_forwards_and_stops_on_sigterm() {
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let echo_addr = echo.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in echo.incoming() {
+            let mut s = s.unwrap();
+            let mut r = s.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+        }
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
+        .args([
+            "proxy",
+            "--upstream",
+            &echo_addr.to_string(),
+            "--profile",
+            "lan",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.write_all(b"hello through a process").unwrap();
+    let mut got = [0u8; 23];
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello through a process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

@@ -1,0 +1,5 @@
+//! faultrig's integration tests: one binary, one module per area, shared helpers in `util`.
+
+mod cli;
+mod proxy;
+mod util;

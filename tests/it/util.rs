@@ -1,0 +1,140 @@
+//! Helpers shared by the integration tests: an in-process proxy on port 0, seeded byte streams
+//! with their hashes, and a runner for the real `faultrig` binary.
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use faultrig::profile::Profile;
+use faultrig::proxy::{Proxy, ProxyOptions, ProxyStats};
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A proxy running in this process; shut down (and awaited) on drop of its handle.
+pub struct TestProxy {
+    pub addr: SocketAddr,
+    pub stats: Arc<ProxyStats>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestProxy {
+    pub async fn start(upstream: SocketAddr, profile: &str) -> TestProxy {
+        Self::start_with(upstream, profile, ProxyOptions::default()).await
+    }
+
+    pub async fn start_with(
+        upstream: SocketAddr,
+        profile: &str,
+        options: ProxyOptions,
+    ) -> TestProxy {
+        let profile = Profile::load(profile).expect("profile");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let proxy = Proxy::new(upstream.to_string(), profile, options);
+        let stats = proxy.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(proxy.run(listener, async move {
+            let _ = stopped.await;
+        }));
+        TestProxy {
+            addr,
+            stats,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops accepting, closes every connection and waits for the proxy to return.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Writes `len` seeded random bytes in random-sized writes and returns their SHA-256.
+pub async fn send_random(mut w: impl AsyncWrite + Unpin, seed: u64, len: usize) -> [u8; 32] {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut left = len;
+    while left > 0 {
+        let n = rng.random_range(1..=buf.len()).min(left);
+        rng.fill_bytes(&mut buf[..n]);
+        hash.update(&buf[..n]);
+        w.write_all(&buf[..n]).await.expect("write");
+        left -= n;
+    }
+    w.shutdown().await.expect("shutdown");
+    hash.finalize().into()
+}
+
+/// Reads to end of stream; returns the byte count and SHA-256.
+pub async fn hash_to_eof(mut r: impl AsyncRead + Unpin) -> (usize, [u8; 32]) {
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    loop {
+        let n = r.read(&mut buf).await.expect("read");
+        if n == 0 {
+            return (total, hash.finalize().into());
+        }
+        hash.update(&buf[..n]);
+        total += n;
+    }
+}
+
+/// A loopback listener on a free port.
+pub async fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+/// An address nothing listens on (bound once, then released).
+pub async fn dead_addr() -> SocketAddr {
+    listener().await.1
+}
+
+/// Echoes every connection until the listener is dropped with the task.
+pub fn spawn_echo(l: TcpListener) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    })
+}
+
+/// Generous bound for anything that should be prompt.
+pub const PROMPT: Duration = Duration::from_secs(10);
+
+/// Runs the real `faultrig` binary to completion.
+pub fn faultrig(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_faultrig"))
+        .args(args)
+        .output()
+        .expect("run faultrig")
+}
+
+/// A scratch directory removed on drop.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
