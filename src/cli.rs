@@ -160,11 +160,9 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
     };
     let rt = runtime()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| {
-                CliError::Usage(format!("--listen {}: cannot listen: {e}", args.listen))
-            })?;
+        let listener = crate::net::bind(args.listen).map_err(|e| {
+            CliError::Usage(format!("--listen {}: cannot listen: {e}", args.listen))
+        })?;
         let local = listener
             .local_addr()
             .map_err(|e| CliError::Failed(e.into()))?;

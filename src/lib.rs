@@ -8,12 +8,14 @@
 //!   sockets, no clock, so it is tested on a virtual clock against closed forms.
 //! - [`proxy`]: the TCP proxy that puts the model between real sockets, with its precise
 //!   release scheduler and live counters.
+//! - [`net`]: listener set-up shared by everything that accepts connections.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod fault;
+pub mod net;
 pub mod profile;
 pub mod proxy;
 pub mod units;

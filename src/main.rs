@@ -21,11 +21,14 @@ fn main() {
 }
 
 /// A proxy holds two sockets per connection; the default soft limit (1024) would cap it near
-/// 500 connections, so use the hard limit.
+/// 500 connections. Raise the soft limit to the hard one, and the hard one too where we may.
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    const WANT: u64 = 1 << 18;
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
+        if setrlimit(Resource::RLIMIT_NOFILE, WANT.max(soft), WANT.max(hard)).is_err()
+            && soft < hard
+        {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }

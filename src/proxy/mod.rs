@@ -13,9 +13,10 @@ pub mod timer;
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -53,12 +54,40 @@ impl Default for ProxyOptions {
 }
 
 /// Live counters of one direction.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DirectionStats {
     /// Bytes delivered to the receiving side.
     pub bytes: AtomicU64,
     /// Segments (and SYN/SYN-ACKs) the model declared lost, each stalling delivery.
     pub stalls: AtomicU64,
+    /// How late scheduled releases were written, in ns: the scheduler's own error, so the proxy
+    /// can say how precise its delays really were.
+    lateness: Mutex<Histogram<u64>>,
+}
+
+impl Default for DirectionStats {
+    fn default() -> Self {
+        DirectionStats {
+            bytes: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
+            lateness: Mutex::new(Histogram::new(3).expect("3 significant figures is valid")),
+        }
+    }
+}
+
+impl DirectionStats {
+    pub(crate) fn record_lateness(&self, late: Duration) {
+        let mut h = self.lateness.lock().unwrap_or_else(|e| e.into_inner());
+        h.saturating_record(late.as_nanos().min(u128::from(u64::MAX)) as u64);
+    }
+
+    /// Release lateness so far (ns), one sample per scheduled write.
+    pub fn lateness(&self) -> Histogram<u64> {
+        self.lateness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Live counters of one proxy, read by the runner between cells.

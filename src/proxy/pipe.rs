@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -90,6 +91,8 @@ pub async fn schedule_both(ends: Ends<'_>, model: ConnectionModel, epoch: Instan
         .downstream
         .stalls
         .fetch_add(u64::from(synack_losses), Ordering::Relaxed);
+    enable_receive_timestamps(ends.client);
+    enable_receive_timestamps(ends.upstream);
     let up = Direction::new(window, epoch, &stats.upstream);
     let down = Direction::new(window, epoch, &stats.downstream);
     let abort = ends.abort;
@@ -163,8 +166,12 @@ impl<'a> Direction<'a> {
                 return;
             };
             permit.forget();
-            let read = read_some(src).await;
-            let now = Instant::now().duration_since(self.epoch);
+            let read = read_stamped(src).await;
+            let (read, arrived) = match read {
+                Ok(Some((bytes, arrived))) => (Ok(Some(bytes)), arrived),
+                other => (other.map(|_| None), Instant::now()),
+            };
+            let now = arrived.saturating_duration_since(self.epoch);
             match read {
                 Ok(Some(bytes)) => {
                     self.window.add_permits(READ_CHUNK - bytes.len());
@@ -206,6 +213,8 @@ impl<'a> Direction<'a> {
                 continue;
             };
             sleep_until(at).await;
+            self.stats
+                .record_lateness(Instant::now().saturating_duration_since(at));
             let mut end = None;
             {
                 let now = Instant::now();
@@ -267,6 +276,76 @@ async fn read_some(src: &TcpStream) -> io::Result<Option<Bytes>> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Like [`read_some`], but also returns when the bytes reached the socket: the kernel's receive
+/// timestamp, so the proxy's own wake-up latency does not add to the emulated delay.
+async fn read_stamped(src: &TcpStream) -> io::Result<Option<(Bytes, Instant)>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::AsRawFd;
+    loop {
+        src.readable().await?;
+        // recvmsg needs initialised memory; zeroing costs far less than the syscall.
+        let mut buf = BytesMut::zeroed(READ_CHUNK);
+        let result = src.try_io(Interest::READABLE, || {
+            let mut iov = [io::IoSliceMut::new(&mut buf[..])];
+            let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+            let msg = recvmsg::<()>(
+                src.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::empty(),
+            )
+            .map_err(io::Error::from)?;
+            let stamp = msg.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::ScmTimestampns(ts) => Some(ts),
+                    _ => None,
+                })
+            });
+            Ok((msg.bytes, stamp))
+        });
+        let (n, stamp) = match result {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        let arrived = stamp.map_or_else(Instant::now, kernel_stamp_to_instant);
+        buf.truncate(n);
+        let bytes = if n < READ_CHUNK / 2 {
+            Bytes::copy_from_slice(&buf)
+        } else {
+            buf.freeze()
+        };
+        return Ok(Some((bytes, arrived)));
+    }
+}
+
+/// Converts a `SO_TIMESTAMPNS` (wall clock) stamp to an `Instant` through its age. A stamp from
+/// the future or older than a second means the wall clock moved: use "now" instead.
+fn kernel_stamp_to_instant(stamp: nix::sys::time::TimeSpec) -> Instant {
+    let now = Instant::now();
+    let stamp = Duration::new(stamp.tv_sec() as u64, stamp.tv_nsec() as u32);
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    match wall.checked_sub(stamp) {
+        Some(age) if age < Duration::from_secs(1) => now.checked_sub(age).unwrap_or(now),
+        _ => now,
+    }
+}
+
+/// Asks the kernel to stamp received data, for [`read_stamped`].
+pub fn enable_receive_timestamps(sock: &TcpStream) {
+    if let Err(e) =
+        nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
+    {
+        tracing::debug!("no kernel receive timestamps ({e}); delays start when the proxy reads");
     }
 }
 

@@ -3,51 +3,95 @@
 //! tokio's timer wheel rounds every deadline up to the next millisecond, which would turn a
 //! 100 µs LAN delay into about a millisecond. This timer keeps absolute deadlines in a heap on
 //! one dedicated thread that sleeps on a condition variable with the kernel's timer slack set to
-//! 1 ns (so the sleep is an hrtimer, accurate to a few microseconds), and wakes the waiting task
-//! a little *before* its deadline. The task then spins the last few microseconds itself, which
-//! absorbs the thread-to-task wake-up latency. Nothing spins while nothing is due: the thread
-//! blocks, and a task spins at most [`SPIN_MAX`].
+//! 1 ns (so the sleep is an hrtimer), and wakes the waiting task a *lead* time before its
+//! deadline; the task spins the rest itself.
+//!
+//! The lead adapts. What makes a wake-up late is mostly not the timer but the CPU: a worker that
+//! has been idle for milliseconds sits in a deep idle state (on a VM, a halted vCPU) and takes
+//! hundreds of microseconds to run again, while a busy one answers in a few. Every wake-up
+//! measures how late the task actually ran; the lead jumps up to cover a late one and decays
+//! slowly back down, so a busy proxy spins a few microseconds per release and an idle one
+//! spins long enough to be on time. Nothing spins while nothing is due.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-/// How early the timer thread wakes a task: covers the condvar's own wake-up error and the
-/// scheduling of the task on a tokio worker (tens of µs on the 2-core VMs we run on).
-const LEAD: Duration = Duration::from_micros(60);
-/// A task closer than this to its deadline spins instead of sleeping.
-const SPIN_MAX: Duration = Duration::from_micros(90);
+/// Bounds of the adaptive lead.
+const MIN_LEAD: Duration = Duration::from_micros(20);
+const MAX_LEAD: Duration = Duration::from_millis(2);
+/// Added to an observed lateness when the lead grows, so the next wake has some margin.
+const LEAD_MARGIN: Duration = Duration::from_micros(15);
+/// The lead decays by 1/DECAY of its excess over an observed lateness per wake-up.
+const DECAY: u64 = 32;
+
+/// Current lead in nanoseconds, shared by all sleepers (they share the timer thread and CPUs).
+static LEAD_NS: AtomicU64 = AtomicU64::new(100_000);
+
+fn lead() -> Duration {
+    Duration::from_nanos(LEAD_NS.load(AtomicOrdering::Relaxed))
+}
+
+/// Feeds one observed wake-up lateness into the lead: fast attack, slow decay.
+fn observe_lateness(late: Duration) {
+    let target = (late + LEAD_MARGIN).clamp(MIN_LEAD, MAX_LEAD).as_nanos() as u64;
+    let _ = LEAD_NS.fetch_update(AtomicOrdering::Relaxed, AtomicOrdering::Relaxed, |lead| {
+        Some(if target > lead {
+            target
+        } else {
+            lead - (lead - target) / DECAY
+        })
+    });
+}
 
 /// Waits until `deadline` with microsecond precision. Never completes early.
 pub fn sleep_until(deadline: Instant) -> PreciseSleep {
-    PreciseSleep { deadline }
+    PreciseSleep {
+        deadline,
+        registered: None,
+    }
 }
 
 /// Future returned by [`sleep_until`].
 #[derive(Debug)]
 pub struct PreciseSleep {
     deadline: Instant,
+    /// When the timer thread was asked to wake us, and whom: a poll before then (another
+    /// branch of the same task woke it) needs no second registration.
+    registered: Option<(Instant, Waker)>,
 }
 
 impl Future for PreciseSleep {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let now = Instant::now();
+        if let Some((wake_at, waker)) = &self.registered {
+            if now < *wake_at && waker.will_wake(cx.waker()) {
+                return Poll::Pending;
+            }
+            if now >= *wake_at {
+                observe_lateness(now - *wake_at);
+            }
+        }
         if now >= self.deadline {
             return Poll::Ready(());
         }
-        if self.deadline - now <= SPIN_MAX {
+        let lead = lead();
+        if self.deadline - now <= lead {
             while Instant::now() < self.deadline {
                 std::hint::spin_loop();
             }
             return Poll::Ready(());
         }
-        TimerThread::get().register(self.deadline - LEAD, cx.waker().clone());
+        let wake_at = self.deadline - lead;
+        TimerThread::get().register(wake_at, cx.waker().clone());
+        self.registered = Some((wake_at, cx.waker().clone()));
         Poll::Pending
     }
 }

@@ -1,0 +1,571 @@
+//! Proxy benchmark: every figure is measured side by side with its baseline in the same run,
+//! because the machines are shared and noisy. Run it with `scripts/bench-proxy.sh`, which
+//! builds the release binary and passes its path in `FAULTRIG_BIN`.
+//!
+//! 1. 64-byte ping-pong RTT, direct vs through `faultrig proxy` (profile `local`).
+//! 2. Bulk throughput, direct vs through the proxy (`local`, and a 10 ms delay profile).
+//! 3. Delay precision: RTT minus the configured 2×delay, for 250 µs, 1 ms and 10 ms.
+//! 4. RSS of the proxy process holding 10,000 idle connections.
+//!
+//! Traffic stays on 127.0.0.1; every child process is killed when the bench ends.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.iter().any(|a| a == "--hold-server") {
+        return hold_server_main();
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let bin = PathBuf::from(
+        std::env::var("FAULTRIG_BIN").unwrap_or_else(|_| "target/release/faultrig".into()),
+    );
+    assert!(
+        bin.exists(),
+        "build the release binary first (FAULTRIG_BIN={})",
+        bin.display()
+    );
+    raise_fd_limit();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let scale = if quick { 4 } else { 1 };
+
+    println!(
+        "faultrig proxy benchmark ({})",
+        if quick { "quick" } else { "full" }
+    );
+    println!();
+    // `--only rtt,precision` runs a subset (for tuning); the default is everything.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
+    let wanted = |part: &str| only.is_none_or(|o| o.split(',').any(|p| p == part));
+    if wanted("rtt") {
+        rtt(&bin, scale);
+    }
+    if wanted("throughput") {
+        throughput(&bin, dir.path(), scale);
+    }
+    if wanted("precision") {
+        precision(&bin, dir.path(), scale);
+    }
+    if wanted("memory") {
+        memory(&bin, if quick { 2_000 } else { 10_000 });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers (plain threads with blocking sockets: the least overhead for the baseline).
+
+/// Echoes every connection; one thread per connection.
+fn echo_server() -> SocketAddr {
+    serve(|mut s| {
+        let mut r = s.try_clone().unwrap();
+        let _ = std::io::copy(&mut r, &mut s);
+    })
+}
+
+/// Reads to end of stream, then answers one byte so the sender knows everything arrived.
+fn sink_server() -> SocketAddr {
+    serve(|mut s| {
+        let mut buf = vec![0u8; 1 << 20];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = s.write_all(&[1]);
+    })
+}
+
+fn serve(handler: fn(TcpStream)) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            s.set_nodelay(true).unwrap();
+            thread::spawn(move || handler(s));
+        }
+    });
+    addr
+}
+
+/// A `faultrig proxy` child process, terminated on drop.
+struct ProxyProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ProxyProcess {
+    fn start(bin: &Path, upstream: SocketAddr, profile: &str, extra: &[&str]) -> ProxyProcess {
+        let mut child = Command::new(bin)
+            .args([
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                &upstream.to_string(),
+            ])
+            .args(["--profile", profile])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start faultrig proxy");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected proxy output {line:?}"))
+            .parse()
+            .unwrap();
+        ProxyProcess { child, addr }
+    }
+
+    fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. RTT
+
+fn ping_pong(addr: SocketAddr, n: usize, out: &mut Vec<Duration>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let msg = [42u8; 64];
+    let mut buf = [0u8; 64];
+    for _ in 0..20 {
+        s.write_all(&msg).unwrap();
+        s.read_exact(&mut buf).unwrap();
+    }
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&msg).unwrap();
+        s.read_exact(&mut buf).unwrap();
+        out.push(t.elapsed());
+    }
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The simplest possible userspace proxy: two blocking threads per connection copying bytes.
+/// It does nothing but copy, so what it adds is this machine's floor for any proxy that does
+/// not busy-poll: two more loopback hops and two more thread wake-ups per round trip.
+fn naive_thread_proxy(upstream: SocketAddr) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for client in l.incoming().flatten() {
+            let server = TcpStream::connect(upstream).unwrap();
+            for (from, to) in [(&client, &server), (&server, &client)] {
+                let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                from.set_nodelay(true).unwrap();
+                thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    addr
+}
+
+fn rtt(bin: &Path, scale: usize) {
+    let echo = echo_server();
+    let proxy = ProxyProcess::start(bin, echo, "local", &[]);
+    let naive = naive_thread_proxy(echo);
+    let (mut direct, mut proxied, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    // Alternate blocks so all three see the same background noise.
+    for _ in 0..10 {
+        ping_pong(echo, 2000 / scale, &mut direct);
+        ping_pong(proxy.addr, 2000 / scale, &mut proxied);
+        ping_pong(naive, 2000 / scale, &mut floor);
+    }
+    direct.sort();
+    proxied.sort();
+    floor.sort();
+    let (f50, f99) = (percentile(&floor, 0.5), percentile(&floor, 0.99));
+    let (d50, d99) = (percentile(&direct, 0.5), percentile(&direct, 0.99));
+    let (p50, p99) = (percentile(&proxied, 0.5), percentile(&proxied, 0.99));
+    println!(
+        "1. RTT, 64-byte ping-pong ({} round trips each, interleaved)",
+        direct.len()
+    );
+    println!("   {:<28} {:>10} {:>10}", "", "median µs", "p99 µs");
+    println!("   {:<28} {:>10.1} {:>10.1}", "direct", us(d50), us(d99));
+    println!(
+        "   {:<28} {:>10.1} {:>10.1}",
+        "through faultrig (local)",
+        us(p50),
+        us(p99)
+    );
+    println!(
+        "   {:<28} {:>10.1} {:>10.1}",
+        "through naive thread proxy",
+        us(f50),
+        us(f99)
+    );
+    println!(
+        "   added by faultrig: {:.1} µs at the median, {:.1} µs at p99   (target ≤ 15 µs median)",
+        us(p50) - us(d50),
+        us(p99) - us(d99)
+    );
+    println!(
+        "   added by the naive thread proxy (this machine's floor): {:.1} µs median, {:.1} µs p99",
+        us(f50) - us(d50),
+        us(f99) - us(d99)
+    );
+    println!();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Throughput
+
+/// Sends `total` bytes and waits for the sink's acknowledgement; returns bytes per second.
+fn bulk(addr: SocketAddr, total: usize) -> f64 {
+    let chunk = vec![0xa5u8; 1 << 20];
+    let start = Instant::now();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        s.write_all(&chunk[..n]).unwrap();
+        left -= n;
+    }
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).unwrap();
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn throughput(bin: &Path, dir: &Path, scale: usize) {
+    let sink = sink_server();
+    let delay10 = write_profile(dir, "delay-10ms", "10ms");
+    let local = ProxyProcess::start(bin, sink, "local", &[]);
+    let delayed = ProxyProcess::start(bin, sink, &delay10, &[]);
+    let delayed_big = ProxyProcess::start(bin, sink, &delay10, &["--window", "32MiB"]);
+    let total = (2 << 30) / scale;
+    let targets = [
+        ("direct", sink, total),
+        ("proxy, local", local.addr, total),
+        ("proxy, 10 ms delay, 4 MiB window", delayed.addr, total / 2),
+        (
+            "proxy, 10 ms delay, 32 MiB window",
+            delayed_big.addr,
+            total / 2,
+        ),
+    ];
+    let mut results = vec![Vec::new(); targets.len()];
+    for _ in 0..3 {
+        for (i, (_, addr, bytes)) in targets.iter().enumerate() {
+            results[i].push(bulk(*addr, *bytes));
+        }
+    }
+    let medians: Vec<f64> = results.into_iter().map(median).collect();
+    println!("2. Bulk throughput, one connection (median of 3 interleaved runs)");
+    for (i, (name, _, bytes)) in targets.iter().enumerate() {
+        println!(
+            "   {:<36} {:>8.0} MB/s  ({:>4} MiB per run, {:>3.0} % of direct)",
+            name,
+            medians[i] / 1e6,
+            bytes >> 20,
+            100.0 * medians[i] / medians[0]
+        );
+    }
+    println!("   targets: local ≥ 1000 MB/s and ≥ 60 % of direct; 10 ms delay ≥ 500 MB/s");
+    println!("   (a 4 MiB window over 10 ms caps a connection at 4 MiB / 10 ms = 419 MB/s)");
+    println!();
+}
+
+fn write_profile(dir: &Path, name: &str, delay: &str) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!("name = \"{name}\"\n[link]\ndelay = \"{delay}\"\n"),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Delay precision
+
+/// A proxy in this process (its own runtime and threads), so its release-lateness histogram can
+/// be read directly.
+struct InProcessProxy {
+    addr: SocketAddr,
+    stats: Arc<faultrig::proxy::ProxyStats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl InProcessProxy {
+    fn start(upstream: SocketAddr, profile_path: &str) -> InProcessProxy {
+        let profile = faultrig::profile::Profile::load(profile_path).unwrap();
+        let proxy = faultrig::proxy::Proxy::new(upstream.to_string(), profile, Default::default());
+        let stats = proxy.stats();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                proxy.run(l, stopped).await.unwrap();
+            });
+        });
+        let addr = rx.recv().unwrap();
+        InProcessProxy {
+            addr,
+            stats,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcessProxy {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+/// Direct ping-pong after `idle` of silence each time: what the endpoints' own wake-ups cost
+/// after the same idle time the delayed exchange has, with no proxy at all.
+fn ping_pong_after_idle(addr: SocketAddr, idle: Duration, n: usize) -> Vec<Duration> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let (msg, mut buf) = ([42u8; 64], [0u8; 64]);
+    (0..n)
+        .map(|_| {
+            thread::sleep(idle);
+            let t = Instant::now();
+            s.write_all(&msg).unwrap();
+            s.read_exact(&mut buf).unwrap();
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn precision(_bin: &Path, dir: &Path, scale: usize) {
+    let echo = echo_server();
+    println!("3. Delay precision, 64-byte ping-pong through a delay-only profile");
+    println!("   e2e error      = measured RTT − 2×delay (includes both endpoints' wake-ups)");
+    println!(
+        "   direct idle    = direct RTT after the same idle time, no proxy (the endpoints' share)"
+    );
+    println!("   release late   = proxy's write time − scheduled release time (the scheduler's own error)");
+    println!(
+        "   {:<7} {:>7} {:>20} {:>20} {:>20}",
+        "delay", "samples", "e2e err med/p99 µs", "direct idle med/p99", "release late med/p99"
+    );
+    for (delay, micros, n) in [
+        ("250us", 250u64, 3000),
+        ("1ms", 1000, 1500),
+        ("10ms", 10_000, 200),
+    ] {
+        let profile = write_profile(dir, &format!("delay-{delay}"), delay);
+        let proxy = InProcessProxy::start(echo, &profile);
+        let mut rtts = Vec::new();
+        ping_pong(proxy.addr, n / scale, &mut rtts);
+        let mut errors: Vec<f64> = rtts.iter().map(|r| us(*r) - 2.0 * micros as f64).collect();
+        errors.sort_by(|a, b| a.total_cmp(b));
+        let q = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+        let mut idle = ping_pong_after_idle(echo, Duration::from_micros(2 * micros), n / scale);
+        idle.sort();
+        let late = proxy.stats.downstream.lateness();
+        let late_up = proxy.stats.upstream.lateness();
+        let mut all = late.clone();
+        all.add(&late_up).unwrap();
+        println!(
+            "   {:<7} {:>7} {:>9.1} / {:>8.1} {:>9.1} / {:>8.1} {:>9.1} / {:>8.1}",
+            delay,
+            errors.len(),
+            q(&errors, 0.5),
+            q(&errors, 0.99),
+            us(percentile(&idle, 0.5)),
+            us(percentile(&idle, 0.99)),
+            all.value_at_quantile(0.5) as f64 / 1e3,
+            all.value_at_quantile(0.99) as f64 / 1e3,
+        );
+    }
+    println!("   targets: median error ≤ 20 µs, p99 ≤ 100 µs");
+    println!();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Memory
+
+/// Accepts and holds connections, printing the running count. Runs as a child process (this
+/// bench binary with `--hold-server`) so that its descriptors do not count against ours.
+fn hold_server_main() {
+    raise_fd_limit();
+    // A deep accept queue: the proxy opens its upstream connections in a burst.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(4096).unwrap();
+    let l: TcpListener = socket.into();
+    println!("{}", l.local_addr().unwrap());
+    let mut held = Vec::new();
+    let mut out = std::io::stdout().lock();
+    for s in l.incoming() {
+        match s {
+            Ok(s) => held.push(s),
+            Err(e) => eprintln!("hold server: {e}"),
+        }
+        let _ = writeln!(out, "{}", held.len());
+        let _ = out.flush();
+    }
+}
+
+/// The hold server as a child process, with the count it last reported.
+struct HoldServer {
+    child: Child,
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl HoldServer {
+    fn start() -> HoldServer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--hold-server")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = lines.next().unwrap().unwrap().parse().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                count.store(line.trim().parse().unwrap_or(0), Ordering::SeqCst);
+            }
+        });
+        HoldServer {
+            child,
+            addr,
+            accepted,
+        }
+    }
+}
+
+impl Drop for HoldServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fd_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .unwrap()
+        .1
+}
+
+fn memory(bin: &Path, wanted: usize) {
+    // The proxy needs two descriptors per connection; where the hard limit cannot be raised
+    // (no CAP_SYS_RESOURCE), hold as many as it allows and say so.
+    let limit = fd_limit() as usize;
+    let conns = wanted.min(limit.saturating_sub(64) / 2);
+    println!("4. Proxy RSS with {conns} idle connections (client → proxy → server, all held open)");
+    if conns < wanted {
+        println!("   (the hard descriptor limit here is {limit}: a proxy process can hold at most {conns})");
+    }
+    println!(
+        "   {:<18} {:>10} {:>12} {:>10} {:>14} {:>16}",
+        "profile", "idle KiB", "loaded KiB", "peak KiB", "per conn bytes", "at 10,000 MiB"
+    );
+    for profile in ["local", "lossy-10ms-1pct"] {
+        let server = HoldServer::start();
+        let proxy = ProxyProcess::start(bin, server.addr, profile, &[]);
+        thread::sleep(Duration::from_millis(200));
+        let (idle, _) = proxy.rss_kib();
+        let mut clients = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            clients.push(TcpStream::connect(proxy.addr).unwrap());
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.accepted.load(Ordering::SeqCst) < conns && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(300));
+        let (rss, hwm) = proxy.rss_kib();
+        let reached = server.accepted.load(Ordering::SeqCst);
+        let per_conn = (rss.saturating_sub(idle) * 1024) as f64 / conns as f64;
+        println!(
+            "   {:<18} {:>10} {:>12} {:>10} {:>14.0} {:>16.1}{}",
+            profile,
+            idle,
+            rss,
+            hwm,
+            per_conn,
+            (idle as f64 * 1024.0 + per_conn * 10_000.0) / (1 << 20) as f64,
+            if reached < conns {
+                format!("  (only {reached} reached the server)")
+            } else {
+                String::new()
+            }
+        );
+        drop(clients);
+    }
+    println!("   target ≤ 200 MiB for 10,000 connections");
+}
+
+/// 10,000 connections need ~20,000 descriptors here and as many in the proxy; raise the hard
+/// limit where allowed (root), else use what the hard limit permits.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let want = 1u64 << 18;
+    if setrlimit(Resource::RLIMIT_NOFILE, want.max(soft), want.max(hard)).is_err() {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
