@@ -6,8 +6,8 @@
 //! - [`profile`]: network profiles (TOML) parsed, validated and resolved per direction.
 //! - [`fault`]: the pure, seeded impairment model. Time and bytes in, release times out; no
 //!   sockets, no clock, so it is tested on a virtual clock against closed forms.
-//! - [`proxy`]: the TCP proxy that puts the model between real sockets, with its precise
-//!   release scheduler and live counters.
+//! - [`timer`]: the precise (microsecond) scheduler: tokio's timer rounds to milliseconds.
+//! - [`proxy`]: the TCP proxy that puts the model between real sockets, with live counters.
 //! - [`net`]: listener set-up shared by everything that accepts connections.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 
@@ -18,4 +18,5 @@ pub mod fault;
 pub mod net;
 pub mod profile;
 pub mod proxy;
+pub mod timer;
 pub mod units;

@@ -5,10 +5,9 @@
 //!   `shutdown` completes (tests call it on port 0).
 //! - [`pipe`] moves the bytes of one connection: a plain copy for unimpaired profiles, or the
 //!   scheduled pipe that asks the model for release times and writes at those times.
-//! - [`timer`] is the precise scheduler the scheduled pipe sleeps on.
+//! - The scheduled pipe sleeps on the precise timer of [`crate::timer`].
 
 pub mod pipe;
-pub mod timer;
 
 use std::future::Future;
 use std::io;

@@ -24,9 +24,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::timer::sleep_until;
 use super::{DirectionStats, ProxyStats};
 use crate::fault::{ConnectionModel, LinkModel, Segment};
+use crate::timer::sleep_until;
 
 /// Largest single read. Big enough that bulk transfers cost few syscalls per megabyte.
 const READ_CHUNK: usize = 128 * 1024;
