@@ -10,9 +10,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::bench::{BenchSpec, Mode, Stop};
+use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
 use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW};
+use crate::service::{Downstream, RigService};
 use crate::units;
+use crate::workload::Workload;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,11 +33,72 @@ pub struct Cli {
 pub enum Command {
     /// Run a fault proxy between clients and one upstream server.
     Proxy(ProxyArgs),
+    /// Run an RPC server of one flavour.
+    Serve(ServeArgs),
+    /// Drive RPC load against a server (directly or through a proxy) and report.
+    Bench(BenchArgs),
     /// List, show and check network profiles.
     Profiles {
         #[command(subcommand)]
         action: Option<ProfilesAction>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary.
+    #[arg(long, value_parser = parse_flavour)]
+    pub flavour: &'static dyn Flavour,
+    /// Address to serve on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Stock each SKU starts with, for Deduct.
+    #[arg(long, default_value_t = crate::service::DEFAULT_STOCK)]
+    pub stock: i64,
+    /// What Deduct does after the stock update: none, or sleep:DUR.
+    #[arg(long, value_parser = Downstream::parse, default_value = "none")]
+    pub downstream: Downstream,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("stop").required(true).args(["calls", "duration"]))]
+pub struct BenchArgs {
+    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary.
+    #[arg(long, value_parser = parse_flavour)]
+    pub flavour: &'static dyn Flavour,
+    /// Server (or proxy) address, HOST:PORT.
+    #[arg(long, value_parser = parse_target)]
+    pub target: String,
+    /// Connection mode: single, per-call, per-worker, pool:N.
+    #[arg(long, value_parser = Mode::parse, default_value = "single")]
+    pub mode: Mode,
+    /// What each call carries: order, blob:SIZE (128B..16MiB), wide, deduct.
+    #[arg(long, value_parser = Workload::parse, default_value = "order")]
+    pub workload: Workload,
+    /// Concurrent workers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: u32,
+    /// Total calls, shared among the workers.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub calls: Option<u64>,
+    /// Measure for this long instead of a call count.
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub duration: Option<Duration>,
+    /// Run calls for this long first, unrecorded.
+    #[arg(long, value_parser = units::parse_duration, default_value = "0s")]
+    pub warmup: Duration,
+    /// Open loop at this many calls per second (latency from each call's intended start).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+    /// Limit for one call, connecting included.
+    #[arg(long, value_parser = parse_positive_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// Seed of the workload's data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Append the result row to this CSV file (header written when the file is new).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +142,38 @@ pub enum ProfilesAction {
     },
 }
 
+fn parse_flavour(s: &str) -> Result<&'static dyn Flavour, String> {
+    flavour::by_name(s).ok_or_else(|| {
+        format!(
+            "unknown flavour \"{s}\" (use {})",
+            flavour::names().join(", ")
+        )
+    })
+}
+
+fn parse_target(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(s.to_string()),
+        _ => Err(format!("\"{s}\" is not HOST:PORT")),
+    }
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match units::parse_duration(s)? {
+        d if d.is_zero() => Err("must be more than zero".into()),
+        d => Ok(d),
+    }
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!(
+            "\"{s}\" is not a positive number of calls per second"
+        )),
+    }
+}
+
 fn parse_size(s: &str) -> Result<usize, String> {
     units::parse_size(s).map(|n| n as usize)
 }
@@ -112,6 +209,8 @@ impl std::fmt::Display for CliError {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Proxy(args) => proxy(args),
+        Command::Serve(args) => serve(args),
+        Command::Bench(args) => bench(args),
         Command::Profiles { action } => profiles(action.unwrap_or(ProfilesAction::List)),
     }
 }
@@ -200,4 +299,78 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+fn serve(args: ServeArgs) -> Result<(), CliError> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let listener = crate::net::bind(args.listen).map_err(|e| {
+            CliError::Usage(format!("--listen {}: cannot listen: {e}", args.listen))
+        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| CliError::Failed(e.into()))?;
+        println!(
+            "faultrig serve {} listening on {local}",
+            args.flavour.name()
+        );
+        let _ = std::io::stdout().flush();
+        let service = std::sync::Arc::new(RigService::new(args.stock, args.downstream));
+        flavour::serve(args.flavour, listener, service, shutdown_signal())
+            .await
+            .map_err(|e| CliError::Failed(e.into()))
+    })
+}
+
+fn bench(args: BenchArgs) -> Result<(), CliError> {
+    let spec = BenchSpec {
+        flavour: args.flavour,
+        target: args.target,
+        mode: args.mode,
+        workload: args.workload,
+        concurrency: args.concurrency as usize,
+        stop: match (args.calls, args.duration) {
+            (Some(n), _) => Stop::Calls(n),
+            (None, Some(d)) => Stop::Duration(d),
+            (None, None) => unreachable!("clap requires one of --calls and --duration"),
+        },
+        warmup: args.warmup,
+        rate: args.rate,
+        timeout: args.timeout,
+        seed: args.seed,
+    };
+    // Open the CSV first: a path we cannot write is bad input, found before any traffic.
+    let mut csv = match &args.csv {
+        Some(path) => Some(crate::results::ResultsWriter::append(path).map_err(|e| {
+            CliError::Usage(format!("--csv {}: cannot write: {e}", path.display()))
+        })?),
+        None => None,
+    };
+    let outcome = runtime()?.block_on(crate::bench::run(&spec));
+    println!("{}", outcome.summary(&spec));
+    if let Some(csv) = &mut csv {
+        let mut row = outcome.row(&spec);
+        row.run_id = run_id("bench");
+        row.host = host_name();
+        row.round = 1;
+        csv.write(&row).map_err(|e| CliError::Failed(e.into()))?;
+    }
+    Ok(())
+}
+
+/// A run id that sorts by time and does not collide between hosts or processes.
+pub fn run_id(kind: &str) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    format!("{kind}-{secs}-{}-{}", host_name(), std::process::id())
+}
+
+/// This machine's name, for the CSV's `host` column.
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
 }

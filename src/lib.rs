@@ -13,10 +13,16 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cli;
 pub mod fault;
+pub mod flavour;
 pub mod net;
 pub mod profile;
 pub mod proxy;
+pub mod results;
+pub mod rig;
+pub mod service;
 pub mod timer;
 pub mod units;
+pub mod workload;

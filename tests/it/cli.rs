@@ -170,3 +170,188 @@ fn proxy_process_forwards_and_stops_on_sigterm() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// The columns of DESIGN.md, verbatim.
+const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr";
+
+/// A `faultrig serve` child process, killed on drop.
+struct ServeProcess {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl ServeProcess {
+    fn start(flavour: &str) -> ServeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
+            .args(["serve", "--flavour", flavour])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .expect("address line")
+            .trim()
+            .to_string();
+        ServeProcess { child, addr }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn bench_writes_design_columns_and_rows_merge() {
+    let server = ServeProcess::start("tcp-binary");
+    let dir = tempdir();
+    let csv = dir.path().join("bench.csv");
+    for concurrency in ["1", "4"] {
+        let o = faultrig(&[
+            "bench",
+            "--flavour",
+            "tcp-binary",
+            "--target",
+            &server.addr,
+            "--mode",
+            "pool:2",
+            "--workload",
+            "blob:1KiB",
+            "--concurrency",
+            concurrency,
+            "--calls",
+            "50",
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stdout(&o).contains("50 calls"), "{}", stdout(&o));
+    }
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().next().unwrap(), DESIGN_HEADER);
+    let rows = faultrig::results::read(&csv).unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!((row.calls, row.ok, row.conns_opened), (50, 50, 2));
+        assert_eq!(row.profile, None, "the bench cannot know the profile");
+        assert_eq!(row.stalls_up, None, "nor the proxy's counters");
+        assert!(row.req_bytes.unwrap() > 1024);
+    }
+    let mut merged = rows[0].histogram().unwrap();
+    merged.add(rows[1].histogram().unwrap()).unwrap();
+    assert_eq!(merged.len(), 100);
+}
+
+#[test]
+fn a_down_target_is_data_not_an_error() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = tempdir();
+    let csv = dir.path().join("down.csv");
+    let o = faultrig(&[
+        "bench",
+        "--flavour",
+        "grpc",
+        "--target",
+        &dead.to_string(),
+        "--calls",
+        "5",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = faultrig::results::read(&csv).unwrap();
+    assert_eq!((rows[0].calls, rows[0].err_connect, rows[0].ok), (5, 5, 0));
+    assert_eq!(
+        rows[0].lat_p50_us, None,
+        "no latency without a successful call"
+    );
+}
+
+#[test]
+fn bad_bench_and_serve_flags_exit_2() {
+    for args in [
+        vec![
+            "bench",
+            "--flavour",
+            "soap",
+            "--target",
+            "127.0.0.1:1",
+            "--calls",
+            "1",
+        ],
+        vec![
+            "bench",
+            "--flavour",
+            "grpc",
+            "--target",
+            "nowhere",
+            "--calls",
+            "1",
+        ],
+        vec![
+            "bench",
+            "--flavour",
+            "grpc",
+            "--target",
+            "127.0.0.1:1",
+            "--calls",
+            "0",
+        ],
+        vec!["bench", "--flavour", "grpc", "--target", "127.0.0.1:1"],
+        vec![
+            "bench",
+            "--flavour",
+            "grpc",
+            "--target",
+            "127.0.0.1:1",
+            "--calls",
+            "1",
+            "--mode",
+            "pool:0",
+        ],
+        vec![
+            "bench",
+            "--flavour",
+            "grpc",
+            "--target",
+            "127.0.0.1:1",
+            "--calls",
+            "1",
+            "--workload",
+            "blob:1GiB",
+        ],
+        vec![
+            "bench",
+            "--flavour",
+            "grpc",
+            "--target",
+            "127.0.0.1:1",
+            "--calls",
+            "1",
+            "--csv",
+            "/nonexistent/x.csv",
+        ],
+        vec![
+            "serve",
+            "--flavour",
+            "grpc",
+            "--downstream",
+            "carrier-pigeon",
+        ],
+    ] {
+        let o = faultrig(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).trim().is_empty());
+    }
+}

@@ -1,0 +1,364 @@
+//! The load driver: workers that make calls through a connection mode, in a closed loop (each
+//! worker sends its next call when the last returns) or an open loop at a fixed rate, with every
+//! reply checked and every call's outcome counted.
+//!
+//! In the open loop a call's latency runs from its *intended* start (call `i` is due at
+//! `t0 + i/rate`), so a server that falls behind shows it in the latency instead of silently
+//! lowering the offered load (no coordinated omission).
+
+pub mod mode;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use hdrhistogram::Histogram;
+
+use crate::flavour::{CallError, ErrorKind, Flavour, WireCounters};
+use crate::results::{new_histogram, Row};
+use crate::workload::{Generator, Workload};
+pub use mode::{Connections, Mode};
+
+/// When a cell's measured phase ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stop {
+    /// After this many calls in total, shared among the workers.
+    Calls(u64),
+    /// After this long.
+    Duration(Duration),
+}
+
+/// Everything that defines one cell's load.
+#[derive(Clone)]
+pub struct BenchSpec {
+    pub flavour: &'static dyn Flavour,
+    /// `HOST:PORT` of the server (or of a proxy in front of it).
+    pub target: String,
+    pub mode: Mode,
+    pub workload: Workload,
+    /// Concurrent workers.
+    pub concurrency: usize,
+    pub stop: Stop,
+    /// Calls made before measuring (to open connections and warm caches), not recorded.
+    pub warmup: Duration,
+    /// Open-loop rate in calls per second; `None` is a closed loop.
+    pub rate: Option<f64>,
+    /// Limit for one call, connect included.
+    pub timeout: Duration,
+    /// Seeds the workload's data.
+    pub seed: u64,
+}
+
+/// What one measured phase produced.
+#[derive(Debug)]
+pub struct BenchOutcome {
+    pub started_at: SystemTime,
+    pub elapsed: Duration,
+    pub calls: u64,
+    pub ok: u64,
+    /// Failures by kind, in [`ErrorKind::ALL`] order.
+    pub errors: [u64; 5],
+    /// Latency of successful calls, µs.
+    pub latency: Histogram<u64>,
+    /// Connections opened during the phase, plus kept ones carried over from warm-up.
+    pub conns_opened: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub payload_bytes: usize,
+    /// The first few failures, for the summary.
+    pub sample_errors: Vec<CallError>,
+}
+
+impl BenchOutcome {
+    pub fn failed(&self) -> u64 {
+        self.errors.iter().sum()
+    }
+
+    pub fn errors_of(&self, kind: ErrorKind) -> u64 {
+        self.errors[ErrorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .expect("listed")]
+    }
+
+    pub fn throughput(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The CSV row of this outcome; the caller fills run-level columns (run id, host, round,
+    /// profile) and anything it measured elsewhere (proxy, server).
+    pub fn row(&self, spec: &BenchSpec) -> Row {
+        let per_call = |bytes: u64| (self.calls > 0).then(|| bytes.div_ceil(self.calls));
+        let mut row = Row {
+            started_at: humantime::format_rfc3339_seconds(self.started_at).to_string(),
+            flavour: spec.flavour.name().to_string(),
+            mode: spec.mode.to_string(),
+            workload: spec.workload.to_string(),
+            payload_bytes: self.payload_bytes as u64,
+            concurrency: spec.concurrency as u32,
+            calls: self.calls,
+            ok: self.ok,
+            failed: self.failed(),
+            err_connect: self.errors_of(ErrorKind::Connect),
+            err_timeout: self.errors_of(ErrorKind::Timeout),
+            err_reset: self.errors_of(ErrorKind::Reset),
+            err_protocol: self.errors_of(ErrorKind::Protocol),
+            err_other: self.errors_of(ErrorKind::Other),
+            elapsed_ms: self.elapsed.as_millis() as u64,
+            throughput_rps: (self.throughput() * 100.0).round() / 100.0,
+            conns_opened: self.conns_opened,
+            req_bytes: per_call(self.bytes_out),
+            resp_bytes: per_call(self.bytes_in),
+            seed: spec.seed,
+            ..Row::default()
+        };
+        row.set_latency(&self.latency);
+        row
+    }
+
+    /// A few human lines.
+    pub fn summary(&self, spec: &BenchSpec) -> String {
+        let mut s = format!(
+            "{} {} {} concurrency {}: {} calls in {:.2} s ({:.1} calls/s), {} ok, {} failed",
+            spec.flavour.name(),
+            spec.mode,
+            spec.workload,
+            spec.concurrency,
+            self.calls,
+            self.elapsed.as_secs_f64(),
+            self.throughput(),
+            self.ok,
+            self.failed()
+        );
+        if self.failed() > 0 {
+            let kinds: Vec<String> = ErrorKind::ALL
+                .iter()
+                .zip(self.errors)
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{} {n}", k.label()))
+                .collect();
+            s += &format!(" ({})", kinds.join(", "));
+        }
+        let h = &self.latency;
+        if !h.is_empty() {
+            s += &format!(
+                "\n  latency µs: min {} mean {:.0} p50 {} p90 {} p99 {} p99.9 {} max {}",
+                h.min(),
+                h.mean(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.9),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max()
+            );
+        }
+        if self.calls > 0 {
+            s += &format!(
+                "\n  connections opened {}; on the wire per call: {} B out, {} B in (payload {} B)",
+                self.conns_opened,
+                self.bytes_out / self.calls,
+                self.bytes_in / self.calls,
+                self.payload_bytes
+            );
+        }
+        for e in &self.sample_errors {
+            s += &format!("\n  e.g. {e}");
+        }
+        s
+    }
+}
+
+/// What the workers of one phase share.
+struct Phase {
+    spec: BenchSpec,
+    generator: Generator,
+    connections: Arc<Connections>,
+    /// Next call index to claim, when the phase runs for a duration. A call-count phase
+    /// stripes indices instead (worker `w` makes calls `w`, `w + C`, `w + 2C`, ...), so every
+    /// worker makes its share and the same worker always sends the same calls.
+    next: AtomicU64,
+    start: Instant,
+    deadline: Option<Instant>,
+    limit: Option<u64>,
+}
+
+/// What one worker counted.
+struct Tally {
+    ok: u64,
+    errors: [u64; 5],
+    latency: Histogram<u64>,
+    sample_errors: Vec<CallError>,
+}
+
+const SAMPLE_ERRORS: usize = 3;
+
+/// Runs warm-up (if any), then the measured phase, and closes the connections.
+pub async fn run(spec: &BenchSpec) -> BenchOutcome {
+    let wire = Arc::new(WireCounters::default());
+    let connections = Arc::new(Connections::new(
+        spec.flavour,
+        &spec.target,
+        spec.mode,
+        spec.concurrency,
+        wire.clone(),
+    ));
+    let generator = Generator::new(spec.workload, spec.seed);
+    if !spec.warmup.is_zero() {
+        let warm = BenchSpec {
+            stop: Stop::Duration(spec.warmup),
+            ..spec.clone()
+        };
+        phase(&warm, generator.clone(), connections.clone()).await;
+    }
+    let carried = connections.open() as u64;
+    let (opened, out, inn) = (
+        wire.opened.load(Ordering::Relaxed),
+        wire.bytes_out.load(Ordering::Relaxed),
+        wire.bytes_in.load(Ordering::Relaxed),
+    );
+    let started_at = SystemTime::now();
+    let start = Instant::now();
+    let tallies = phase(spec, generator.clone(), connections.clone()).await;
+    let elapsed = start.elapsed();
+    connections.close().await;
+
+    let mut outcome = BenchOutcome {
+        started_at,
+        elapsed,
+        calls: 0,
+        ok: 0,
+        errors: [0; 5],
+        latency: new_histogram(),
+        conns_opened: carried + wire.opened.load(Ordering::Relaxed) - opened,
+        bytes_out: wire.bytes_out.load(Ordering::Relaxed) - out,
+        bytes_in: wire.bytes_in.load(Ordering::Relaxed) - inn,
+        payload_bytes: generator.payload_bytes(),
+        sample_errors: Vec::new(),
+    };
+    for t in tallies {
+        outcome.ok += t.ok;
+        for (sum, n) in outcome.errors.iter_mut().zip(t.errors) {
+            *sum += n;
+        }
+        outcome.latency.add(&t.latency).expect("same bounds");
+        for e in t.sample_errors {
+            if outcome.sample_errors.len() < SAMPLE_ERRORS {
+                outcome.sample_errors.push(e);
+            }
+        }
+    }
+    outcome.calls = outcome.ok + outcome.failed();
+    outcome
+}
+
+async fn phase(
+    spec: &BenchSpec,
+    generator: Generator,
+    connections: Arc<Connections>,
+) -> Vec<Tally> {
+    let start = Instant::now();
+    let (deadline, limit) = match spec.stop {
+        Stop::Calls(n) => (None, Some(n)),
+        Stop::Duration(d) => (Some(start + d), None),
+    };
+    let shared = Arc::new(Phase {
+        spec: spec.clone(),
+        generator,
+        connections,
+        next: AtomicU64::new(0),
+        start,
+        deadline,
+        limit,
+    });
+    let workers: Vec<_> = (0..spec.concurrency.max(1))
+        .map(|w| tokio::spawn(worker(shared.clone(), w)))
+        .collect();
+    let mut tallies = Vec::with_capacity(workers.len());
+    for w in workers {
+        tallies.push(w.await.expect("a worker never panics"));
+    }
+    tallies
+}
+
+async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
+    let spec = &phase.spec;
+    let mut tally = Tally {
+        ok: 0,
+        errors: [0; 5],
+        latency: new_histogram(),
+        sample_errors: Vec::new(),
+    };
+    let stride = spec.concurrency.max(1) as u64;
+    let mut striped = id as u64;
+    loop {
+        let index = match phase.limit {
+            Some(limit) => {
+                let index = striped;
+                striped += stride;
+                if index >= limit {
+                    break;
+                }
+                index
+            }
+            None => phase.next.fetch_add(1, Ordering::Relaxed),
+        };
+        let start = match spec.rate {
+            Some(rate) => {
+                let due = phase.start + Duration::from_secs_f64(index as f64 / rate);
+                if phase.deadline.is_some_and(|d| due >= d) {
+                    break;
+                }
+                crate::timer::sleep_until(due).await;
+                due
+            }
+            None => {
+                let now = Instant::now();
+                if phase.deadline.is_some_and(|d| now >= d) {
+                    break;
+                }
+                now
+            }
+        };
+        let call = phase.generator.call(index);
+        let mut leased = None;
+        let result = tokio::time::timeout(spec.timeout, async {
+            let lease = phase.connections.lease(id).await?;
+            let client = lease.client.clone();
+            leased = Some(lease);
+            client.call(&call).await
+        })
+        .await;
+        let outcome = match result {
+            Err(_) => Err(CallError::new(
+                ErrorKind::Timeout,
+                format!("no reply within {:?}", spec.timeout),
+            )),
+            Ok(reply) => reply.and_then(|r| Generator::verify(&call, &r)),
+        };
+        match outcome {
+            Ok(()) => {
+                let micros = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+                tally.latency.saturating_record(micros.max(1));
+                tally.ok += 1;
+            }
+            Err(e) => {
+                // A reset connection is gone; one that timed out or answered wrongly while
+                // carrying one exchange at a time (HTTP/1.1) is mid-exchange. Neither is reused.
+                if let Some(lease) = &leased {
+                    if e.kind == ErrorKind::Reset || !lease.client.multiplexed() {
+                        phase.connections.discard(lease).await;
+                    }
+                }
+                let slot = ErrorKind::ALL
+                    .iter()
+                    .position(|k| *k == e.kind)
+                    .expect("listed");
+                tally.errors[slot] += 1;
+                if tally.sample_errors.len() < SAMPLE_ERRORS {
+                    tally.sample_errors.push(e);
+                }
+            }
+        }
+    }
+    tally
+}

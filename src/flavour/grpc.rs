@@ -1,0 +1,208 @@
+//! `grpc`: HTTP/2 + protobuf with tonic, as gRPC or Dubbo Triple would call a service.
+//!
+//! The server is tonic's generated service run by hyper on our own accept loop (so it shares
+//! the socket set-up of every flavour). The client is a tonic channel over a connector we own,
+//! so each TCP connection it opens is counted, including any it re-opens after a failure.
+
+use std::io;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::{BoxFuture, CallError, Client, ErrorKind, Flavour, WireCounters, MAX_MESSAGE};
+use crate::rig::pb::rig_client::RigClient;
+use crate::rig::pb::rig_server::{Rig, RigServer};
+use crate::rig::{pb, Call, Reply};
+use crate::service::RigService;
+
+pub struct Grpc;
+
+/// Serves grpc on `listener` with a default service until `shutdown` completes.
+pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
+    super::serve(&Grpc, listener, Arc::default(), shutdown).await
+}
+
+impl Flavour for Grpc {
+    fn name(&self) -> &'static str {
+        "grpc"
+    }
+
+    fn serve_connection(
+        &self,
+        stream: TcpStream,
+        service: Arc<RigService>,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let rig = RigServer::new(GrpcService(service))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE);
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
+                .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW)
+                .max_concurrent_streams(10_000)
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(rig))
+                .await;
+        })
+    }
+
+    fn connect<'a>(
+        &'a self,
+        target: &'a str,
+        wire: &'a Arc<WireCounters>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
+        Box::pin(async move {
+            let endpoint = Endpoint::from_shared(format!("http://{target}"))
+                .map_err(|e| {
+                    CallError::new(ErrorKind::Connect, format!("bad target {target}: {e}"))
+                })?
+                .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
+                .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW);
+            let (target, wire) = (target.to_string(), wire.clone());
+            let connector = tower::service_fn(move |_: http::Uri| {
+                let (target, wire) = (target.clone(), wire.clone());
+                async move { super::connect_tcp(&target, &wire).await.map(TokioIo::new) }
+            });
+            let channel = endpoint
+                .connect_with_connector(connector)
+                .await
+                .map_err(|e| CallError::new(ErrorKind::Connect, error_text(&e)))?;
+            let client = RigClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE);
+            Ok(Arc::new(GrpcClient { client }) as Arc<dyn Client>)
+        })
+    }
+}
+
+fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+/// The tonic service: every method hands the call to the shared [`RigService`].
+struct GrpcService(Arc<RigService>);
+
+impl GrpcService {
+    async fn handle(&self, call: Call) -> Result<Reply, Status> {
+        self.0
+            .handle(call)
+            .await
+            .map_err(|e| Status::invalid_argument(e.0))
+    }
+}
+
+/// The reply variant a method must produce; anything else is a bug in [`RigService`].
+fn mismatch() -> Status {
+    Status::internal("reply does not match the operation")
+}
+
+#[tonic::async_trait]
+impl Rig for GrpcService {
+    async fn echo_order(&self, r: Request<pb::Order>) -> Result<Response<pb::Order>, Status> {
+        match self.handle(Call::EchoOrder(r.into_inner())).await? {
+            Reply::EchoOrder(m) => Ok(Response::new(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn echo_blob(&self, r: Request<pb::Blob>) -> Result<Response<pb::Blob>, Status> {
+        match self.handle(Call::EchoBlob(r.into_inner())).await? {
+            Reply::EchoBlob(m) => Ok(Response::new(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn echo_wide(&self, r: Request<pb::Wide>) -> Result<Response<pb::Wide>, Status> {
+        match self
+            .handle(Call::EchoWide(Box::new(r.into_inner())))
+            .await?
+        {
+            Reply::EchoWide(m) => Ok(Response::new(*m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn deduct(
+        &self,
+        r: Request<pb::DeductRequest>,
+    ) -> Result<Response<pb::DeductReply>, Status> {
+        match self.handle(Call::Deduct(r.into_inner())).await? {
+            Reply::Deduct(m) => Ok(Response::new(m)),
+            _ => Err(mismatch()),
+        }
+    }
+}
+
+struct GrpcClient {
+    /// Cheap to clone; each clone shares the one channel (and so the one connection).
+    client: RigClient<Channel>,
+}
+
+impl Client for GrpcClient {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let reply = match call {
+                Call::EchoOrder(m) => c
+                    .echo_order(m.clone())
+                    .await
+                    .map(|r| Reply::EchoOrder(r.into_inner())),
+                Call::EchoBlob(m) => c
+                    .echo_blob(m.clone())
+                    .await
+                    .map(|r| Reply::EchoBlob(r.into_inner())),
+                Call::EchoWide(m) => c
+                    .echo_wide((**m).clone())
+                    .await
+                    .map(|r| Reply::EchoWide(Box::new(r.into_inner()))),
+                Call::Deduct(m) => c
+                    .deduct(m.clone())
+                    .await
+                    .map(|r| Reply::Deduct(r.into_inner())),
+            };
+            reply.map_err(|s| status_error(&s))
+        })
+    }
+
+    fn is_open(&self) -> bool {
+        // The channel re-opens a lost connection on the next call (counted by our connector).
+        true
+    }
+
+    fn multiplexed(&self) -> bool {
+        true
+    }
+}
+
+/// Classifies a failed gRPC call: by the transport error under it when there is one, else by
+/// status code.
+fn status_error(s: &Status) -> CallError {
+    if let Some(source) = std::error::Error::source(s) {
+        let classified = CallError::classify(source);
+        if classified.kind != ErrorKind::Other {
+            return CallError::new(
+                classified.kind,
+                format!("{}: {}", s.message(), classified.detail),
+            );
+        }
+    }
+    use tonic::Code;
+    let kind = match s.code() {
+        Code::DeadlineExceeded => ErrorKind::Timeout,
+        Code::Unavailable | Code::Cancelled | Code::Aborted => ErrorKind::Reset,
+        Code::Internal | Code::Unimplemented | Code::DataLoss | Code::ResourceExhausted => {
+            ErrorKind::Protocol
+        }
+        _ => ErrorKind::Other,
+    };
+    CallError::new(kind, format!("{:?}: {}", s.code(), s.message()))
+}

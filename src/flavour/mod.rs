@@ -1,0 +1,375 @@
+//! RPC flavours: one file each, behind the [`Flavour`] trait (server side: serve one accepted
+//! connection; client side: open one connection, a [`Client`]). Adding a flavour is one new
+//! file plus a line in [`ALL`].
+//!
+//! Shared here, once: the accept loop every server uses ([`serve`]), the TCP connect every client
+//! uses ([`connect_tcp`], counting connections and wire bytes), and the classification of
+//! failures into the outcome columns of the CSV ([`ErrorKind`]).
+
+pub mod grpc;
+pub mod http1_json;
+pub mod http2_json;
+mod http_json;
+pub mod tcp_binary;
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::rig::{Call, Reply};
+use crate::service::RigService;
+
+/// A boxed future: flavours are trait objects chosen at run time.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Largest message any flavour accepts: a 16 MiB blob as base64 JSON, with room to spare.
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Every flavour, in the order tables list them.
+pub static ALL: &[&dyn Flavour] = &[
+    &grpc::Grpc,
+    &http1_json::Http1Json,
+    &http2_json::Http2Json,
+    &tcp_binary::TcpBinary,
+];
+
+/// A flavour by name.
+pub fn by_name(name: &str) -> Option<&'static dyn Flavour> {
+    ALL.iter().copied().find(|f| f.name() == name)
+}
+
+/// Names of all flavours, for error messages.
+pub fn names() -> Vec<&'static str> {
+    ALL.iter().map(|f| f.name()).collect()
+}
+
+/// One RPC style: a wire protocol and an encoding.
+pub trait Flavour: Send + Sync + 'static {
+    /// The name used on the command line and in CSV rows.
+    fn name(&self) -> &'static str;
+
+    /// Serves one accepted connection until the peer closes it.
+    fn serve_connection(
+        &self,
+        stream: TcpStream,
+        service: Arc<RigService>,
+    ) -> BoxFuture<'static, ()>;
+
+    /// Opens one connection (TCP and protocol handshake) to `target`.
+    fn connect<'a>(
+        &'a self,
+        target: &'a str,
+        wire: &'a Arc<WireCounters>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>>;
+}
+
+impl std::fmt::Debug for dyn Flavour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One open client connection.
+pub trait Client: Send + Sync {
+    /// One call. Never retried here: a failure is the caller's data.
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>>;
+
+    /// False once the connection is known to be closed.
+    fn is_open(&self) -> bool;
+
+    /// Whether calls overlap on this connection. When they take turns (HTTP/1.1), a call that
+    /// timed out leaves its connection mid-exchange, so it must not be reused.
+    fn multiplexed(&self) -> bool;
+}
+
+/// Serves `listener` with `flavour` until `shutdown` completes; then closes every connection.
+pub async fn serve(
+    flavour: &'static dyn Flavour,
+    listener: TcpListener,
+    service: Arc<RigService>,
+    shutdown: impl Future,
+) -> io::Result<()> {
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let connection = flavour.serve_connection(stream, service.clone());
+                let cancel = cancel.clone();
+                tasks.spawn(async move {
+                    tokio::select! {
+                        _ = connection => {}
+                        _ = cancel.cancelled() => {}
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(flavour = flavour.name(), "accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+    cancel.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// Why a call failed: the CSV's `err_*` columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The connection could not be opened (refused, unreachable, handshake failed).
+    Connect,
+    /// No reply within the call timeout.
+    Timeout,
+    /// The connection was reset or closed under the call.
+    Reset,
+    /// The peer answered something we could not accept: bad framing, status or payload, or an
+    /// echo that did not match what was sent.
+    Protocol,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 5] = [
+        ErrorKind::Connect,
+        ErrorKind::Timeout,
+        ErrorKind::Reset,
+        ErrorKind::Protocol,
+        ErrorKind::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Reset => "reset",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+/// A failed call: its kind, and a message for logs.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{}: {detail}", kind.label())]
+pub struct CallError {
+    pub kind: ErrorKind,
+    pub detail: String,
+}
+
+impl CallError {
+    pub fn new(kind: ErrorKind, detail: impl Into<String>) -> CallError {
+        CallError {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn protocol(detail: impl Into<String>) -> CallError {
+        CallError::new(ErrorKind::Protocol, detail)
+    }
+
+    /// Classifies any error by the first I/O error in its source chain, else by its text.
+    pub fn classify(e: &(dyn std::error::Error + 'static)) -> CallError {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<io::Error>() {
+                return CallError::new(kind_of_io(io), full_message(e));
+            }
+            if let Some(call) = err.downcast_ref::<CallError>() {
+                return call.clone();
+            }
+            source = err.source();
+        }
+        let text = full_message(e);
+        let lower = text.to_ascii_lowercase();
+        let kind = if [
+            "reset",
+            "broken pipe",
+            "closed",
+            "incomplete",
+            "canceled",
+            "eof",
+        ]
+        .iter()
+        .any(|w| lower.contains(w))
+        {
+            ErrorKind::Reset
+        } else if ["parse", "invalid", "protocol", "frame"]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            ErrorKind::Protocol
+        } else {
+            ErrorKind::Other
+        };
+        CallError::new(kind, text)
+    }
+}
+
+impl From<crate::rig::CodecError> for CallError {
+    fn from(e: crate::rig::CodecError) -> Self {
+        CallError::protocol(e.0)
+    }
+}
+
+fn kind_of_io(e: &io::Error) -> ErrorKind {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused | K::AddrNotAvailable | K::HostUnreachable | K::NetworkUnreachable => {
+            ErrorKind::Connect
+        }
+        K::ConnectionReset
+        | K::ConnectionAborted
+        | K::BrokenPipe
+        | K::UnexpectedEof
+        | K::NotConnected => ErrorKind::Reset,
+        K::TimedOut => ErrorKind::Timeout,
+        K::InvalidData => ErrorKind::Protocol,
+        _ => ErrorKind::Other,
+    }
+}
+
+/// "outer: cause: root cause", skipping repeats.
+fn full_message(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = err.source();
+    }
+    parts.join(": ")
+}
+
+/// What the client side of a cell put on and took off the wire.
+#[derive(Debug, Default)]
+pub struct WireCounters {
+    /// TCP connections opened (successfully connected).
+    pub opened: AtomicU64,
+    /// Bytes written, all protocol framing included.
+    pub bytes_out: AtomicU64,
+    /// Bytes read.
+    pub bytes_in: AtomicU64,
+}
+
+/// Opens a TCP connection with `TCP_NODELAY` (RPCs are latency-bound), counted in `wire`.
+/// Failure is always a `connect` outcome.
+pub async fn connect_tcp(
+    target: &str,
+    wire: &Arc<WireCounters>,
+) -> Result<CountingStream<TcpStream>, CallError> {
+    let stream = TcpStream::connect(target)
+        .await
+        .map_err(|e| CallError::new(ErrorKind::Connect, format!("connect {target}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    wire.opened.fetch_add(1, Ordering::Relaxed);
+    Ok(CountingStream {
+        inner: stream,
+        wire: wire.clone(),
+    })
+}
+
+/// A stream that adds what passes through it to [`WireCounters`].
+#[derive(Debug)]
+pub struct CountingStream<S> {
+    inner: S,
+    wire: Arc<WireCounters>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountingStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        self.wire.bytes_in.fetch_add(read as u64, Ordering::Relaxed);
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for CountingStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &result {
+            self.wire.bytes_out.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &result {
+            self.wire.bytes_out.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let names = names();
+        for n in &names {
+            assert_eq!(by_name(n).unwrap().name(), *n);
+        }
+        let mut sorted = names.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+        assert!(by_name("soap").is_none());
+    }
+
+    #[test]
+    fn io_errors_classify_by_kind() {
+        let e = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert_eq!(CallError::classify(&e).kind, ErrorKind::Reset);
+        let e = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(CallError::classify(&e).kind, ErrorKind::Connect);
+        let wrapped = io::Error::other(CallError::new(ErrorKind::Timeout, "slow"));
+        assert_eq!(CallError::classify(&wrapped).kind, ErrorKind::Other);
+    }
+}

@@ -1,0 +1,412 @@
+//! `tcp-binary`: raw TCP, the long-connection binary style of Dubbo or Ice.
+//!
+//! Frames are 4-byte big-endian length-delimited (tokio-util's codec); each carries
+//! `[u64 request id][u16 method][protobuf body]`. Many calls are in flight on one connection and
+//! the server answers each as soon as it is done, so replies come back out of order and are
+//! matched by id. A reply's method is the request's on success, or `ERROR_FLAG | method` with a
+//! UTF-8 message. When the connection is lost, every call still waiting fails with `reset`.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+use super::{BoxFuture, CallError, Client, ErrorKind, Flavour, WireCounters, MAX_MESSAGE};
+use crate::rig::{Call, Operation, Reply};
+use crate::service::RigService;
+
+/// Request id and method before the body.
+const HEADER: usize = 8 + 2;
+/// Set in a reply's method when the body is an error message.
+pub const ERROR_FLAG: u16 = 0x8000;
+/// Calls one server connection handles at once; past it, reading pauses (back-pressure).
+const SERVER_IN_FLIGHT: usize = 4096;
+/// Frames queued for a connection's writer before senders wait.
+const WRITE_QUEUE: usize = 1024;
+
+pub struct TcpBinary;
+
+/// Serves tcp-binary on `listener` with a default service until `shutdown` completes.
+pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
+    super::serve(&TcpBinary, listener, Arc::default(), shutdown).await
+}
+
+fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(MAX_MESSAGE + HEADER)
+        .new_codec()
+}
+
+/// `[id][method][body]` with the body written straight into the frame.
+fn frame(id: u64, method: u16, body_len: usize, body: impl FnOnce(&mut BytesMut)) -> Bytes {
+    let mut buf = BytesMut::with_capacity(HEADER + body_len);
+    buf.put_u64(id);
+    buf.put_u16(method);
+    body(&mut buf);
+    buf.freeze()
+}
+
+/// Splits a frame into id, method and body.
+fn parse(mut frame: BytesMut) -> Result<(u64, u16, Bytes), String> {
+    if frame.len() < HEADER {
+        return Err(format!(
+            "frame of {} bytes is shorter than its {HEADER}-byte header",
+            frame.len()
+        ));
+    }
+    let id = frame.get_u64();
+    let method = frame.get_u16();
+    Ok((id, method, frame.freeze()))
+}
+
+impl Flavour for TcpBinary {
+    fn name(&self) -> &'static str {
+        "tcp-binary"
+    }
+
+    fn serve_connection(
+        &self,
+        stream: TcpStream,
+        service: Arc<RigService>,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(serve_connection(stream, service))
+    }
+
+    fn connect<'a>(
+        &'a self,
+        target: &'a str,
+        wire: &'a Arc<WireCounters>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
+        Box::pin(async move {
+            let stream = super::connect_tcp(target, wire).await?;
+            Ok(Arc::new(BinaryClient::start(stream)) as Arc<dyn Client>)
+        })
+    }
+}
+
+async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
+    let peer = stream.peer_addr().ok();
+    let (r, w) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Bytes>(WRITE_QUEUE);
+    let writer = write_frames(w, rx);
+    let reader = async move {
+        let mut frames = FramedRead::new(r, codec());
+        let in_flight = Arc::new(Semaphore::new(SERVER_IN_FLIGHT));
+        while let Some(frame) = frames.next().await {
+            let parsed = frame.map_err(|e| e.to_string()).and_then(parse);
+            let (id, method, body) = match parsed {
+                Ok(parts) => parts,
+                Err(e) => {
+                    // Framing is lost: nothing after this can be trusted. Close this connection
+                    // only; the server goes on serving the others.
+                    tracing::warn!(
+                        ?peer,
+                        "tcp-binary: closing connection on a protocol error: {e}"
+                    );
+                    return;
+                }
+            };
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let (tx, service) = (tx.clone(), service.clone());
+            tokio::spawn(async move {
+                let reply = answer(&service, id, method, &body).await;
+                let _ = tx.send(reply).await;
+                drop(permit);
+            });
+        }
+    };
+    // The writer ends once the reader and every call it spawned have dropped their senders, so
+    // replies to calls that arrived before the client's FIN are still delivered.
+    let _ = tokio::join!(reader, writer);
+}
+
+async fn answer(service: &RigService, id: u64, method: u16, body: &[u8]) -> Bytes {
+    let error = |message: String| {
+        frame(id, ERROR_FLAG | method, message.len(), |b| {
+            b.put_slice(message.as_bytes())
+        })
+    };
+    let Some(op) = Operation::from_code(method) else {
+        return error(format!("unknown method {method}"));
+    };
+    let call = match Call::decode_protobuf(op, body) {
+        Ok(call) => call,
+        Err(e) => return error(e.0),
+    };
+    match service.handle(call).await {
+        Ok(reply) => frame(id, method, reply.protobuf_len(), |b| {
+            reply.encode_protobuf_into(b)
+        }),
+        Err(e) => error(e.0),
+    }
+}
+
+/// Drains `rx` into the socket, flushing only when the queue is empty so bursts of small frames
+/// share syscalls.
+async fn write_frames(w: impl AsyncWrite + Unpin, mut rx: mpsc::Receiver<Bytes>) -> io::Result<()> {
+    let mut out = FramedWrite::new(w, codec());
+    while let Some(frame) = rx.recv().await {
+        out.feed(frame).await?;
+        while let Ok(frame) = rx.try_recv() {
+            out.feed(frame).await?;
+        }
+        SinkExt::<Bytes>::flush(&mut out).await?;
+    }
+    SinkExt::<Bytes>::close(&mut out).await
+}
+
+type ReplySlot = oneshot::Sender<Result<(u16, Bytes), CallError>>;
+
+/// Calls waiting for their replies, by request id.
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, ReplySlot>,
+    /// Set when the connection is gone: later calls fail at once with this.
+    closed: Option<CallError>,
+}
+
+impl Pending {
+    /// Fails every waiting call and every later one.
+    fn close(&mut self, why: CallError) {
+        for (_, slot) in self.waiting.drain() {
+            let _ = slot.send(Err(why.clone()));
+        }
+        self.closed.get_or_insert(why);
+    }
+}
+
+struct BinaryClient {
+    /// Frames to the writer task.
+    frames: mpsc::Sender<Bytes>,
+    pending: Arc<Mutex<Pending>>,
+    next_id: AtomicU64,
+    open: Arc<AtomicBool>,
+}
+
+impl BinaryClient {
+    fn start<S>(stream: S) -> BinaryClient
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (r, w) = tokio::io::split(stream);
+        let (frames, rx) = mpsc::channel(WRITE_QUEUE);
+        let pending = Arc::new(Mutex::new(Pending::default()));
+        let open = Arc::new(AtomicBool::new(true));
+        let lost = {
+            let (pending, open) = (pending.clone(), open.clone());
+            move |why: CallError| {
+                open.store(false, Ordering::Relaxed);
+                lock(&pending).close(why);
+            }
+        };
+        let on_write_error = lost.clone();
+        tokio::spawn(async move {
+            if let Err(e) = write_frames(w, rx).await {
+                on_write_error(CallError::classify(&e));
+            }
+        });
+        let replies = pending.clone();
+        tokio::spawn(async move {
+            let mut frames = FramedRead::new(r, codec());
+            let why = loop {
+                match frames.next().await {
+                    Some(Ok(frame)) => match parse(frame) {
+                        Ok((id, method, body)) => {
+                            if let Some(slot) = lock(&replies).waiting.remove(&id) {
+                                let _ = slot.send(Ok((method, body)));
+                            }
+                        }
+                        Err(e) => break CallError::protocol(e),
+                    },
+                    Some(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                        break CallError::protocol(e.to_string())
+                    }
+                    Some(Err(e)) => break CallError::classify(&e),
+                    None => {
+                        break CallError::new(ErrorKind::Reset, "connection closed by the server")
+                    }
+                }
+            };
+            lost(why);
+        });
+        BinaryClient {
+            frames,
+            pending,
+            next_id: AtomicU64::new(1),
+            open,
+        }
+    }
+
+    async fn round_trip(&self, call: &Call) -> Result<Reply, CallError> {
+        let op = call.operation();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (slot, reply) = oneshot::channel();
+        {
+            let mut pending = lock(&self.pending);
+            if let Some(why) = &pending.closed {
+                return Err(why.clone());
+            }
+            pending.waiting.insert(id, slot);
+        }
+        // If this call is abandoned (timed out), forget its slot; a late reply is then dropped.
+        let _forget = ForgetOnDrop {
+            pending: &self.pending,
+            id,
+        };
+        let request = frame(id, op.code(), call.protobuf_len(), |b| {
+            call.encode_protobuf_into(b)
+        });
+        if self.frames.send(request).await.is_err() {
+            return Err(CallError::new(ErrorKind::Reset, "connection closed"));
+        }
+        let (method, body) = reply
+            .await
+            .map_err(|_| CallError::new(ErrorKind::Reset, "connection closed"))??;
+        if method == op.code() {
+            Ok(Reply::decode_protobuf(op, &body)?)
+        } else if method == ERROR_FLAG | op.code() {
+            Err(CallError::new(
+                ErrorKind::Other,
+                format!("server error: {}", String::from_utf8_lossy(&body)),
+            ))
+        } else {
+            Err(CallError::protocol(format!(
+                "reply to {} (method {}) came back as method {method}",
+                op.name(),
+                op.code()
+            )))
+        }
+    }
+}
+
+struct ForgetOnDrop<'a> {
+    pending: &'a Mutex<Pending>,
+    id: u64,
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        lock(self.pending).waiting.remove(&self.id);
+    }
+}
+
+fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    pending.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Client for BinaryClient {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
+        Box::pin(self.round_trip(call))
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    fn multiplexed(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rig::pb;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn server() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(run(l, stopped));
+        (addr, stop)
+    }
+
+    #[tokio::test]
+    async fn many_calls_in_flight_on_one_connection() {
+        let (addr, _stop) = server().await;
+        let wire = Arc::new(WireCounters::default());
+        let client = TcpBinary.connect(&addr.to_string(), &wire).await.unwrap();
+        let calls: Vec<Call> = (0..200)
+            .map(|i| {
+                Call::EchoOrder(pb::Order {
+                    order_id: i,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let replies = futures_util::future::join_all(calls.iter().map(|c| client.call(c))).await;
+        for (call, reply) in calls.iter().zip(replies) {
+            match (call, reply.unwrap()) {
+                (Call::EchoOrder(a), Reply::EchoOrder(b)) => assert_eq!(*a, b),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(wire.opened.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_malformed_frame_closes_only_that_connection() {
+        let (addr, _stop) = server().await;
+        let mut bad = TcpStream::connect(addr).await.unwrap();
+        // A 3-byte frame: shorter than the header.
+        bad.write_all(&[0, 0, 0, 3, 1, 2, 3]).await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), bad.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert_eq!(n, 0, "the server closed the bad connection");
+        let wire = Arc::new(WireCounters::default());
+        let client = TcpBinary.connect(&addr.to_string(), &wire).await.unwrap();
+        let call = Call::Deduct(pb::DeductRequest {
+            sku: "x".into(),
+            quantity: 1,
+        });
+        assert!(matches!(client.call(&call).await, Ok(Reply::Deduct(r)) if r.ok));
+    }
+
+    #[tokio::test]
+    async fn unknown_method_is_an_error_reply_and_lost_connections_fail_waiting_calls() {
+        let (addr, stop) = server().await;
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        raw.write_all(&[0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 7, 0, 99])
+            .await
+            .unwrap();
+        let mut header = [0u8; 14];
+        raw.read_exact(&mut header).await.unwrap();
+        assert_eq!(
+            u16::from_be_bytes([header[12], header[13]]),
+            ERROR_FLAG | 99
+        );
+
+        // A server that accepts and then drops connections: waiting calls fail with `reset`.
+        drop(stop);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            drop(s);
+        });
+        let wire = Arc::new(WireCounters::default());
+        let client = TcpBinary.connect(&addr.to_string(), &wire).await.unwrap();
+        let call = Call::EchoBlob(pb::Blob {
+            data: Bytes::from_static(b"x"),
+        });
+        let err = client.call(&call).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Reset, "{err}");
+        assert!(!client.is_open());
+        assert_eq!(client.call(&call).await.unwrap_err().kind, ErrorKind::Reset);
+    }
+}

@@ -1,0 +1,257 @@
+//! The results CSV of DESIGN.md: one row per cell per round, columns in a fixed order, header
+//! always written, missing measurements empty (never 0), and the cell's latency histogram as
+//! base64 HdrHistogram V2-deflate so rows from many rounds or hosts merge exactly.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+
+use base64::Engine;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// The columns, in order. [`Row`]'s fields are declared in this order; a test keeps them equal.
+pub const COLUMNS: [&str; 38] = [
+    "run_id",
+    "started_at",
+    "host",
+    "round",
+    "profile",
+    "flavour",
+    "mode",
+    "workload",
+    "payload_bytes",
+    "concurrency",
+    "calls",
+    "ok",
+    "failed",
+    "err_connect",
+    "err_timeout",
+    "err_reset",
+    "err_protocol",
+    "err_other",
+    "elapsed_ms",
+    "throughput_rps",
+    "lat_min_us",
+    "lat_mean_us",
+    "lat_p50_us",
+    "lat_p90_us",
+    "lat_p99_us",
+    "lat_p999_us",
+    "lat_max_us",
+    "conns_opened",
+    "req_bytes",
+    "resp_bytes",
+    "bytes_up",
+    "bytes_down",
+    "stalls_up",
+    "stalls_down",
+    "server_cpu_ms",
+    "server_rss_kb",
+    "seed",
+    "hdr",
+];
+
+/// One cell, one round.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Identifies the run (all rows of one `faultrig run` or one `faultrig bench`).
+    pub run_id: String,
+    /// RFC 3339, UTC, when the round started.
+    pub started_at: String,
+    /// The load host that measured the row.
+    pub host: String,
+    pub round: u32,
+    /// Empty when unknown (a bench against a target it did not set up).
+    pub profile: Option<String>,
+    pub flavour: String,
+    pub mode: String,
+    pub workload: String,
+    /// Protobuf size of one request's payload.
+    pub payload_bytes: u64,
+    pub concurrency: u32,
+    pub calls: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub err_connect: u64,
+    pub err_timeout: u64,
+    pub err_reset: u64,
+    pub err_protocol: u64,
+    pub err_other: u64,
+    pub elapsed_ms: u64,
+    pub throughput_rps: f64,
+    /// Latency of successful calls; empty when no call succeeded.
+    pub lat_min_us: Option<u64>,
+    pub lat_mean_us: Option<u64>,
+    pub lat_p50_us: Option<u64>,
+    pub lat_p90_us: Option<u64>,
+    pub lat_p99_us: Option<u64>,
+    pub lat_p999_us: Option<u64>,
+    pub lat_max_us: Option<u64>,
+    pub conns_opened: u64,
+    /// Client bytes on the wire per call, all framing (and per-call handshakes) included.
+    pub req_bytes: Option<u64>,
+    pub resp_bytes: Option<u64>,
+    /// Filled by the runner from its proxy; empty from a bare bench.
+    pub bytes_up: Option<u64>,
+    pub bytes_down: Option<u64>,
+    pub stalls_up: Option<u64>,
+    pub stalls_down: Option<u64>,
+    /// Filled by the runner from /proc of its server process.
+    pub server_cpu_ms: Option<u64>,
+    pub server_rss_kb: Option<u64>,
+    pub seed: u64,
+    /// Base64 HdrHistogram V2-deflate of successful-call latencies in µs.
+    pub hdr: String,
+}
+
+impl Row {
+    /// Fills the latency columns and `hdr` from a histogram (µs).
+    pub fn set_latency(&mut self, h: &Histogram<u64>) {
+        if h.is_empty() {
+            for col in [
+                &mut self.lat_min_us,
+                &mut self.lat_mean_us,
+                &mut self.lat_p50_us,
+                &mut self.lat_p90_us,
+                &mut self.lat_p99_us,
+                &mut self.lat_p999_us,
+                &mut self.lat_max_us,
+            ] {
+                *col = None;
+            }
+        } else {
+            self.lat_min_us = Some(h.min());
+            self.lat_mean_us = Some(h.mean().round() as u64);
+            self.lat_p50_us = Some(h.value_at_quantile(0.5));
+            self.lat_p90_us = Some(h.value_at_quantile(0.9));
+            self.lat_p99_us = Some(h.value_at_quantile(0.99));
+            self.lat_p999_us = Some(h.value_at_quantile(0.999));
+            self.lat_max_us = Some(h.max());
+        }
+        self.hdr = encode_histogram(h);
+    }
+
+    /// The row's histogram.
+    pub fn histogram(&self) -> Result<Histogram<u64>, String> {
+        decode_histogram(&self.hdr)
+    }
+}
+
+/// A latency histogram in µs: 1 µs to 1 hour, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+pub fn encode_histogram(h: &Histogram<u64>) -> String {
+    let mut bytes = Vec::new();
+    V2DeflateSerializer::new()
+        .serialize(h, &mut bytes)
+        .expect("serialising to memory cannot fail");
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| format!("hdr is not base64: {e}"))?;
+    Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| format!("hdr is not an HdrHistogram: {e:?}"))
+}
+
+/// Appends rows to a CSV file, writing the header first when the file is new or empty. Each row
+/// is flushed as soon as it is written, so an interrupted run keeps every finished row.
+pub struct ResultsWriter {
+    writer: csv::Writer<std::fs::File>,
+}
+
+impl ResultsWriter {
+    pub fn append(path: &Path) -> io::Result<ResultsWriter> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let empty = file.metadata()?.len() == 0;
+        let mut writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(file);
+        if empty {
+            writer.write_record(COLUMNS)?;
+            writer.flush()?;
+        }
+        Ok(ResultsWriter { writer })
+    }
+
+    pub fn write(&mut self, row: &Row) -> io::Result<()> {
+        self.writer.serialize(row).map_err(io::Error::other)?;
+        self.writer.flush()
+    }
+}
+
+/// Reads every row of a results CSV, checking its header is ours.
+pub fn read(path: &Path) -> Result<Vec<Row>, String> {
+    let mut reader =
+        csv::Reader::from_path(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let header = reader
+        .headers()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .clone();
+    if header.iter().ne(COLUMNS.iter().copied()) {
+        return Err(format!(
+            "{}: not a faultrig results file (its header differs from the expected columns)",
+            path.display()
+        ));
+    }
+    reader
+        .deserialize()
+        .enumerate()
+        .map(|(i, row)| row.map_err(|e| format!("{}: row {}: {e}", path.display(), i + 2)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_fields_are_the_columns_in_order() {
+        let mut out = Vec::new();
+        {
+            let mut w = csv::Writer::from_writer(&mut out);
+            w.serialize(Row::default()).unwrap();
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().next().unwrap(), COLUMNS.join(","));
+    }
+
+    #[test]
+    fn missing_values_are_empty_and_histograms_round_trip() {
+        let mut h = new_histogram();
+        for v in [100, 200, 300, 10_000] {
+            h.record(v).unwrap();
+        }
+        let mut row = Row {
+            flavour: "grpc".into(),
+            ..Row::default()
+        };
+        row.set_latency(&h);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.csv");
+        let mut w = ResultsWriter::append(&path).unwrap();
+        w.write(&row).unwrap();
+        drop(w);
+        let mut w = ResultsWriter::append(&path).unwrap();
+        w.write(&row).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 3, "one header, two rows");
+        assert!(
+            text.lines().nth(1).unwrap().contains(",,,,"),
+            "empty, not 0"
+        );
+        let rows = read(&path).unwrap();
+        assert_eq!(rows[0], row);
+        let mut merged = rows[0].histogram().unwrap();
+        merged.add(rows[1].histogram().unwrap()).unwrap();
+        assert_eq!(merged.len(), 8);
+        assert_eq!(merged.max(), h.max());
+    }
+}
