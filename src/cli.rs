@@ -346,8 +346,9 @@ fn bench(args: BenchArgs) -> Result<(), CliError> {
         })?),
         None => None,
     };
-    let outcome = runtime()?.block_on(crate::bench::run(&spec));
-    println!("{}", outcome.summary(&spec));
+    let outcome = bench_runtime()?.block_on(crate::bench::run(&spec));
+    // A closed stdout (bench ... | head) must not turn a finished run into a panic.
+    let _ = writeln!(std::io::stdout(), "{}", outcome.summary(&spec));
     if let Some(csv) = &mut csv {
         let mut row = outcome.row(&spec);
         row.run_id = run_id("bench");
@@ -373,4 +374,19 @@ pub fn host_name() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The load driver's runtime. On one core (a pinned client) a current-thread runtime avoids
+/// the work-stealing scheduler's cross-thread wake-ups, which would be pure overhead there.
+fn bench_runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut builder = if cores == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(e.into()))
 }

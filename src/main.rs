@@ -4,6 +4,11 @@
 
 use clap::Parser;
 
+/// The load driver allocates per call (requests, JSON, replies) and glibc's allocator showed up
+/// in its profiles at ~13 % of client CPU; mimalloc's thread-local free lists cost far less.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = faultrig::cli::Cli::parse();
     tracing_subscriber::fmt()

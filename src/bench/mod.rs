@@ -152,13 +152,13 @@ impl BenchOutcome {
                 h.max()
             );
         }
-        if self.calls > 0 {
+        if let (Some(out), Some(inn)) = (
+            self.bytes_out.checked_div(self.calls),
+            self.bytes_in.checked_div(self.calls),
+        ) {
             s += &format!(
-                "\n  connections opened {}; on the wire per call: {} B out, {} B in (payload {} B)",
-                self.conns_opened,
-                self.bytes_out / self.calls,
-                self.bytes_in / self.calls,
-                self.payload_bytes
+                "\n  connections opened {}; on the wire per call: {out} B out, {inn} B in (payload {} B)",
+                self.conns_opened, self.payload_bytes
             );
         }
         for e in &self.sample_errors {

@@ -3,7 +3,6 @@
 //! turns.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,8 +11,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::http_json;
-use super::{BoxFuture, CallError, Client, Flavour, WireCounters};
+use super::http_json::{self, CallerDriven};
+use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
 use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
@@ -53,28 +52,29 @@ impl Flavour for Http1Json {
             let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .map_err(|e| CallError::new(super::ErrorKind::Connect, e.to_string()))?;
-            let closed = http_json::drive(connection);
             Ok(Arc::new(Http1Client {
                 sender: tokio::sync::Mutex::new(sender),
                 authority: target.to_string(),
-                closed,
+                connection: CallerDriven::new(connection),
             }) as Arc<dyn Client>)
         })
     }
 }
+
+type Connection =
+    hyper::client::conn::http1::Connection<TokioIo<CountingStream<TcpStream>>, Full<Bytes>>;
 
 struct Http1Client {
     /// HTTP/1.1 carries one exchange at a time: callers queue on this lock.
     sender: tokio::sync::Mutex<SendRequest<Full<Bytes>>>,
     /// Sent as the Host header.
     authority: String,
-    /// Set when hyper's connection task ends.
-    closed: Arc<AtomicBool>,
+    connection: CallerDriven<Connection>,
 }
 
 impl Client for Http1Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(async move {
+        Box::pin(self.connection.drive(async move {
             let request = http_json::request(call, &self.authority, false);
             // Hold the connection until the whole response body is read: only then may the next
             // request go out on it.
@@ -88,11 +88,11 @@ impl Client for Http1Client {
                 .await
                 .map_err(|e| http_json::hyper_error(&e))?;
             http_json::reply(call.operation(), response).await
-        })
+        }))
     }
 
     fn is_open(&self) -> bool {
-        !self.closed.load(Ordering::Relaxed)
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {

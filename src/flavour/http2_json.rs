@@ -2,7 +2,6 @@
 //! service. Calls are multiplexed as HTTP/2 streams on one connection.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,8 +10,8 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::http_json;
-use super::{BoxFuture, CallError, Client, Flavour, WireCounters};
+use super::http_json::{self, CallerDriven};
+use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
 use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
@@ -64,28 +63,32 @@ impl Flavour for Http2Json {
                     .handshake(TokioIo::new(stream))
                     .await
                     .map_err(|e| CallError::new(super::ErrorKind::Connect, e.to_string()))?;
-            let closed = http_json::drive(connection);
             Ok(Arc::new(Http2Client {
                 sender,
                 authority: target.to_string(),
-                closed,
+                connection: CallerDriven::new(connection),
             }) as Arc<dyn Client>)
         })
     }
 }
+
+type Connection = hyper::client::conn::http2::Connection<
+    TokioIo<CountingStream<TcpStream>>,
+    Full<Bytes>,
+    TokioExecutor,
+>;
 
 struct Http2Client {
     /// Cloned per call: each clone opens its own stream on the one connection.
     sender: SendRequest<Full<Bytes>>,
     /// Goes into the `:authority` pseudo-header.
     authority: String,
-    /// Set when hyper's connection task ends.
-    closed: Arc<AtomicBool>,
+    connection: CallerDriven<Connection>,
 }
 
 impl Client for Http2Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(async move {
+        Box::pin(self.connection.drive(async move {
             let mut sender = self.sender.clone();
             sender
                 .ready()
@@ -96,11 +99,11 @@ impl Client for Http2Client {
                 .await
                 .map_err(|e| http_json::hyper_error(&e))?;
             http_json::reply(call.operation(), response).await
-        })
+        }))
     }
 
     fn is_open(&self) -> bool {
-        !self.closed.load(Ordering::Relaxed) && !self.sender.is_closed()
+        self.connection.is_open() && !self.sender.is_closed()
     }
 
     fn multiplexed(&self) -> bool {
