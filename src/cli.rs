@@ -259,18 +259,12 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
     };
     let rt = runtime()?;
     rt.block_on(async move {
-        let listener = crate::net::bind(args.listen).map_err(|e| {
-            CliError::Usage(format!("--listen {}: cannot listen: {e}", args.listen))
+        let listener = listen(args.listen, |local| {
+            format!(
+                "faultrig proxy {} listening on {local} -> {} (profile {}, seed {})",
+                args.name, args.upstream, profile.name, args.seed
+            )
         })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| CliError::Failed(e.into()))?;
-        // Scripts read the bound address from this line (port 0 picks a free port).
-        println!(
-            "faultrig proxy {} listening on {local} -> {} (profile {}, seed {})",
-            args.name, args.upstream, profile.name, args.seed
-        );
-        let _ = std::io::stdout().flush();
         let proxy = Proxy::new(args.upstream, profile, options);
         let stats = proxy.stats();
         proxy
@@ -291,6 +285,23 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
     })
 }
 
+/// Binds `--listen` and announces the bound address on stdout, in a line containing
+/// `listening on ADDR` that scripts read (port 0 picks a free port).
+fn listen(
+    addr: SocketAddr,
+    announce: impl FnOnce(SocketAddr) -> String,
+) -> Result<tokio::net::TcpListener, CliError> {
+    let listener = crate::net::bind(addr)
+        .map_err(|e| CliError::Usage(format!("--listen {addr}: cannot listen: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CliError::Failed(e.into()))?;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{}", announce(local));
+    let _ = out.flush();
+    Ok(listener)
+}
+
 /// Completes on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -304,17 +315,12 @@ async fn shutdown_signal() {
 fn serve(args: ServeArgs) -> Result<(), CliError> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let listener = crate::net::bind(args.listen).map_err(|e| {
-            CliError::Usage(format!("--listen {}: cannot listen: {e}", args.listen))
+        let listener = listen(args.listen, |local| {
+            format!(
+                "faultrig serve {} listening on {local}",
+                args.flavour.name()
+            )
         })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| CliError::Failed(e.into()))?;
-        println!(
-            "faultrig serve {} listening on {local}",
-            args.flavour.name()
-        );
-        let _ = std::io::stdout().flush();
         let service = std::sync::Arc::new(RigService::new(args.stock, args.downstream));
         flavour::serve(args.flavour, listener, service, shutdown_signal())
             .await

@@ -1,8 +1,7 @@
 //! The real binary: profile commands, clear errors with exit code 2, and a proxy process.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 
 use crate::util::*;
 
@@ -134,84 +133,30 @@ fn proxy_process_forwards_and_stops_on_sigterm() {
             });
         }
     });
-    let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
-        .args([
-            "proxy",
-            "--upstream",
-            &echo_addr.to_string(),
-            "--profile",
-            "lan",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    let echo_addr = echo_addr.to_string();
+    let mut proxy = Listening::start(&["proxy", "--upstream", &echo_addr, "--profile", "lan"]);
+    let addr = proxy.addr.clone();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     let mut c = TcpStream::connect(&addr).unwrap();
     c.write_all(b"hello through a process").unwrap();
     let mut got = [0u8; 23];
     c.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"hello through a process");
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(proxy.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let status = child.wait().unwrap();
+    let status = proxy.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
 
 /// The columns of DESIGN.md, verbatim.
 const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr";
 
-/// A `faultrig serve` child process, killed on drop.
-struct ServeProcess {
-    child: std::process::Child,
-    addr: String,
-}
-
-impl ServeProcess {
-    fn start(flavour: &str) -> ServeProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
-            .args(["serve", "--flavour", flavour])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .expect("address line")
-            .trim()
-            .to_string();
-        ServeProcess { child, addr }
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn bench_writes_design_columns_and_rows_merge() {
-    let server = ServeProcess::start("tcp-binary");
+    let server = Listening::start(&["serve", "--flavour", "tcp-binary"]);
     let dir = tempdir();
     let csv = dir.path().join("bench.csv");
     for concurrency in ["1", "4"] {

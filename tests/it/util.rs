@@ -138,3 +138,40 @@ pub fn faultrig(args: &[&str]) -> Output {
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
+
+/// A `faultrig` child process that announced `listening on ADDR`; killed on drop.
+pub struct Listening {
+    pub child: std::process::Child,
+    pub addr: String,
+}
+
+impl Listening {
+    /// Starts `faultrig ARGS` and waits for its address line.
+    pub fn start(args: &[&str]) -> Listening {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start faultrig");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        Listening { child, addr }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
