@@ -1,9 +1,13 @@
 //! Socket set-up shared by every listener faultrig opens.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Accept queue length: per-call connection modes open connections in bursts, and a short
 /// queue would turn a burst into SYN drops and one-second retransmission stalls that no profile
@@ -21,4 +25,43 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(BACKLOG)
+}
+
+/// Accepts connections until `shutdown` completes, running `handle(stream, peer, cancel)` for
+/// each as its own task; then cancels every connection's token and waits for their tasks. Every
+/// server in faultrig (proxies and RPC servers) accepts through here.
+pub async fn accept_until<F, Fut>(
+    listener: TcpListener,
+    shutdown: impl Future,
+    label: &str,
+    mut handle: F,
+) -> io::Result<()>
+where
+    F: FnMut(TcpStream, SocketAddr, CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tasks.spawn(handle(stream, peer, cancel.child_token()));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: keep serving the connections we have,
+                // and try again shortly rather than spinning on the error.
+                tracing::warn!("{label}: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    cancel.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
 }

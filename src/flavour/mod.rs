@@ -21,8 +21,6 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::rig::{Call, Reply};
 use crate::service::RigService;
@@ -97,36 +95,17 @@ pub async fn serve(
     service: Arc<RigService>,
     shutdown: impl Future,
 ) -> io::Result<()> {
-    let cancel = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                let connection = flavour.serve_connection(stream, service.clone());
-                let cancel = cancel.clone();
-                tasks.spawn(async move {
-                    tokio::select! {
-                        _ = connection => {}
-                        _ = cancel.cancelled() => {}
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(flavour = flavour.name(), "accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    crate::net::accept_until(listener, shutdown, flavour.name(), |stream, _, cancel| {
+        let _ = stream.set_nodelay(true);
+        let connection = flavour.serve_connection(stream, service.clone());
+        async move {
+            tokio::select! {
+                _ = connection => {}
+                _ = cancel.cancelled() => {}
             }
         }
-    }
-    cancel.cancel();
-    tasks.close();
-    tasks.wait().await;
-    Ok(())
+    })
+    .await
 }
 
 /// Why a call failed: the CSV's `err_*` columns.

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::fault::ConnectionModel;
 use crate::profile::Profile;
@@ -164,35 +163,14 @@ impl Proxy {
     /// Serves `listener` until `shutdown` completes, then closes every connection and returns
     /// once their tasks have ended.
     pub async fn run(self, listener: TcpListener, shutdown: impl Future) -> io::Result<()> {
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
+        let label = format!("proxy {}", self.shared.options.name);
         let mut ordinal = 0u64;
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((client, peer)) => {
-                    tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
-                    let shared = self.shared.clone();
-                    let cancel = cancel.child_token();
-                    tasks.spawn(serve_connection(shared, client, ordinal, cancel));
-                    ordinal += 1;
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: keep serving the connections we
-                    // have, and try again shortly rather than spinning on the error.
-                    tracing::warn!(proxy = %self.shared.options.name, "accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }
-        cancel.cancel();
-        tasks.close();
-        tasks.wait().await;
-        Ok(())
+        crate::net::accept_until(listener, shutdown, &label, |client, peer, cancel| {
+            tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
+            ordinal += 1;
+            serve_connection(self.shared.clone(), client, ordinal - 1, cancel)
+        })
+        .await
     }
 }
 
