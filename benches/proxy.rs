@@ -1,6 +1,6 @@
 //! Proxy benchmark: every figure is measured side by side with its baseline in the same run,
 //! because the machines are shared and noisy. Run it with `scripts/bench-proxy.sh`, which
-//! builds the release binary and passes its path in `FAULTRIG_BIN`.
+//! lets cargo build the `faultrig` binary alongside.
 //!
 //! 1. 64-byte ping-pong RTT, direct vs through `faultrig proxy` (profile `local`).
 //! 2. Bulk throughput, direct vs through the proxy (`local`, and a 10 ms delay profile).
@@ -27,14 +27,9 @@ fn main() {
         return hold_server_main();
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let bin = PathBuf::from(
-        std::env::var("FAULTRIG_BIN").unwrap_or_else(|_| "target/release/faultrig".into()),
-    );
-    assert!(
-        bin.exists(),
-        "build the release binary first (FAULTRIG_BIN={})",
-        bin.display()
-    );
+    // Cargo builds the binary with the bench (same profile and features as the tests, so CI
+    // does not build the library twice).
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_faultrig"));
     raise_fd_limit();
     let dir = tempfile::tempdir().expect("temp dir");
     let scale = if quick { 4 } else { 1 };

@@ -7,8 +7,8 @@
 #   scripts/bench-proxy.sh --quick   smaller counts (a smoke test, ~30 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin faultrig
 # 10,000 connections through a proxy need ~40,000 descriptors across the processes.
 ulimit -Hn 262144 2>/dev/null || true
 ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
-FAULTRIG_BIN="$PWD/target/release/faultrig" exec cargo bench --quiet --bench proxy -- "$@"
+# cargo bench builds the release `faultrig` binary with the benchmark and passes its path.
+exec cargo bench --quiet --bench proxy -- "$@"

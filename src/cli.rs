@@ -31,6 +31,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run an experiment: servers, proxies and every cell, then the report (the main job).
+    Run(RunArgs),
+    /// Print the comparison table of results CSVs (from one run or many runs and hosts).
+    Report {
+        /// Results CSV files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Run a fault proxy between clients and one upstream server.
     Proxy(ProxyArgs),
     /// Run an RPC server of one flavour.
@@ -42,6 +50,36 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ProfilesAction>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Experiment file (scripts/*.toml); without one, the built-in lan-compare experiment.
+    pub experiment: Option<PathBuf>,
+    /// Override the file's profiles (comma-separated names or files).
+    #[arg(long, value_delimiter = ',')]
+    pub profiles: Option<Vec<String>>,
+    /// Override the file's flavours (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub flavours: Option<Vec<String>>,
+    /// Override the file's modes (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Option<Vec<String>>,
+    /// Override the file's workloads (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Option<Vec<String>>,
+    /// Override the calls per cell.
+    #[arg(long, allow_negative_numbers = true)]
+    pub calls: Option<i64>,
+    /// Override the rounds.
+    #[arg(long, allow_negative_numbers = true)]
+    pub rounds: Option<i64>,
+    /// Override the seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Results directory; each run writes OUT/RUN_ID/results.csv.
+    #[arg(long, default_value = "out")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +246,8 @@ impl std::fmt::Display for CliError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Run(args) => run_experiment(args),
+        Command::Report { files } => report(&files),
         Command::Proxy(args) => proxy(args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
@@ -395,4 +435,69 @@ fn bench_runtime() -> Result<tokio::runtime::Runtime, CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(e.into()))
+}
+
+fn run_experiment(args: RunArgs) -> Result<(), CliError> {
+    use crate::experiment::{ExperimentFile, DEFAULT};
+    let (file, origin) = match &args.experiment {
+        Some(path) => (ExperimentFile::load(path), path.display().to_string()),
+        None => (
+            ExperimentFile::parse(DEFAULT, "<built-in lan-compare>"),
+            "<built-in lan-compare>".into(),
+        ),
+    };
+    let overrides = ExperimentFile {
+        profiles: args.profiles,
+        flavours: args.flavours,
+        modes: args.modes,
+        workloads: args.workloads,
+        calls: args.calls,
+        rounds: args.rounds,
+        seed: args.seed,
+        ..ExperimentFile::default()
+    };
+    let experiment = file
+        .map_err(CliError::Usage)?
+        .merge(overrides)
+        .validate(&origin)
+        .map_err(CliError::Usage)?;
+    let run_id = run_id("run");
+    let files = crate::runner::RunFiles::create(&args.out, &run_id).map_err(|e| {
+        CliError::Usage(format!(
+            "--out {}: cannot create the run directory: {e}",
+            args.out.display()
+        ))
+    })?;
+    let bin = std::env::current_exe().map_err(|e| CliError::Failed(e.into()))?;
+    let cells = experiment.cells().len();
+    println!(
+        "faultrig run {run_id}: experiment {}, {cells} cells x {} rounds -> {}",
+        experiment.name,
+        experiment.rounds,
+        files.csv.display()
+    );
+    let rows = runtime()?
+        .block_on(crate::runner::run(
+            &experiment,
+            &files,
+            &bin,
+            tokio::signal::ctrl_c(),
+        ))
+        .map_err(CliError::Failed)?;
+    let table =
+        crate::report::Table::build(&rows).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "\n{}", table.render());
+    let _ = writeln!(out, "{} rows in {}", rows.len(), files.csv.display());
+    Ok(())
+}
+
+fn report(files: &[PathBuf]) -> Result<(), CliError> {
+    let mut rows = Vec::new();
+    for f in files {
+        rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
+    }
+    let table = crate::report::Table::build(&rows).map_err(CliError::Usage)?;
+    let _ = write!(std::io::stdout(), "{}", table.render());
+    Ok(())
 }

@@ -8,20 +8,29 @@
 //!   sockets, no clock, so it is tested on a virtual clock against closed forms.
 //! - [`timer`]: the precise (microsecond) scheduler: tokio's timer rounds to milliseconds.
 //! - [`proxy`]: the TCP proxy that puts the model between real sockets, with live counters.
-//! - [`net`]: listener set-up shared by everything that accepts connections.
+//! - [`rig`]: the operations of `proto/rig.proto` as [`rig::Call`] / [`rig::Reply`];
+//!   [`service`] answers them, once, for every flavour's server.
+//! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
+//! - [`workload`]: what each call carries, and how a reply is checked.
+//! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
+//! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run`, the tables.
+//! - [`net`]: listener set-up and the one accept loop every server uses.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cli;
+pub mod experiment;
 pub mod fault;
 pub mod flavour;
 pub mod net;
 pub mod profile;
 pub mod proxy;
+pub mod report;
 pub mod results;
 pub mod rig;
+pub mod runner;
 pub mod service;
 pub mod timer;
 pub mod units;

@@ -3,4 +3,5 @@
 mod cli;
 mod flavours;
 mod proxy;
+mod run;
 mod util;

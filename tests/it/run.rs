@@ -1,0 +1,94 @@
+//! `faultrig run` end to end on a tiny experiment, and `faultrig report` over its CSV.
+
+use crate::util::*;
+
+#[test]
+fn a_tiny_experiment_runs_end_to_end() {
+    let dir = tempdir();
+    let exp = dir.path().join("tiny.toml");
+    std::fs::write(
+        &exp,
+        "name = \"tiny\"\nprofiles = [\"local\", \"lan\"]\nflavours = [\"grpc\", \"tcp-binary\"]\n\
+         modes = [\"single\", \"per-call\"]\ncalls = 5\nrounds = 2\nseed = 7\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let run_dir = std::fs::read_dir(&out)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let csv = run_dir.join("results.csv");
+    let rows = faultrig::results::read(&csv).unwrap();
+    assert_eq!(
+        rows.len(),
+        2 * 2 * 2 * 2,
+        "profiles × flavours × modes × rounds"
+    );
+    for r in &rows {
+        assert_eq!((r.calls, r.ok), (5, 5), "{r:?}");
+        assert!(r.bytes_up.unwrap() > 0 && r.bytes_down.unwrap() > 0);
+        assert_eq!(r.stalls_up, Some(0));
+        assert!(r.server_rss_kb.unwrap() > 0);
+        assert!(r.server_cpu_ms.is_some());
+        assert_eq!(r.seed, 7);
+        let expected_conns = if r.mode == "per-call" { 5 } else { 1 };
+        assert_eq!(r.conns_opened, expected_conns);
+    }
+    for line in [
+        "grpc single",
+        "grpc per-call",
+        "tcp-binary single",
+        "local",
+        "lan",
+    ] {
+        assert!(stdout.contains(line), "table lacks {line}:\n{stdout}");
+    }
+    // The report of the CSV merges both rounds into each cell.
+    let o = faultrig(&["report", csv.to_str().unwrap()]);
+    assert!(o.status.success());
+    let table = faultrig::report::Table::build(&rows).unwrap();
+    assert!(table
+        .cells
+        .values()
+        .all(|c| c.rows == 2 && c.latency.len() == 10));
+}
+
+#[test]
+fn a_bad_experiment_fails_before_any_traffic() {
+    let dir = tempdir();
+    for (body, key) in [
+        (
+            "profiles = [\"local\"]\nflavours = [\"soap\"]\nmodes = [\"single\"]\ncalls = 5\n",
+            "flavours",
+        ),
+        (
+            "profiles = [\"mars\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n",
+            "profiles",
+        ),
+        (
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 0\n",
+            "calls",
+        ),
+    ] {
+        let exp = dir.path().join("bad.toml");
+        std::fs::write(&exp, body).unwrap();
+        let out = dir.path().join("out");
+        let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains("bad.toml"),
+            "{err}"
+        );
+        assert!(!out.exists(), "nothing written before validation passed");
+    }
+}
