@@ -38,6 +38,9 @@ pub enum Command {
         /// Results CSV files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Also write a self-contained HTML report (tables and SVG plots) to this file.
+        #[arg(long)]
+        html: Option<PathBuf>,
     },
     /// Run a fault proxy between clients and one upstream server.
     Proxy(ProxyArgs),
@@ -247,7 +250,7 @@ impl std::fmt::Display for CliError {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(args) => run_experiment(args),
-        Command::Report { files } => report(&files),
+        Command::Report { files, html } => report(&files, html.as_deref()),
         Command::Proxy(args) => proxy(args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
@@ -486,18 +489,40 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         .map_err(CliError::Failed)?;
     let table =
         crate::report::Table::build(&rows).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    let html = files.dir.join("report.html");
+    write_html(&html, &format!("faultrig run {run_id}"), &rows)?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "\n{}", table.render());
-    let _ = writeln!(out, "{} rows in {}", rows.len(), files.csv.display());
+    let _ = writeln!(
+        out,
+        "{} rows in {}; report in {}",
+        rows.len(),
+        files.csv.display(),
+        html.display()
+    );
     Ok(())
 }
 
-fn report(files: &[PathBuf]) -> Result<(), CliError> {
+fn write_html(
+    path: &std::path::Path,
+    title: &str,
+    rows: &[crate::results::Row],
+) -> Result<(), CliError> {
+    let page =
+        crate::report::html::page(title, rows).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    std::fs::write(path, page)
+        .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))
+}
+
+fn report(files: &[PathBuf], html: Option<&std::path::Path>) -> Result<(), CliError> {
     let mut rows = Vec::new();
     for f in files {
         rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
     }
     let table = crate::report::Table::build(&rows).map_err(CliError::Usage)?;
     let _ = write!(std::io::stdout(), "{}", table.render());
+    if let Some(path) = html {
+        write_html(path, "faultrig report", &rows)?;
+    }
     Ok(())
 }

@@ -52,9 +52,35 @@ fn a_tiny_experiment_runs_end_to_end() {
     ] {
         assert!(stdout.contains(line), "table lacks {line}:\n{stdout}");
     }
+    // The run's HTML report: tables and plots, self-contained.
+    let page = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
+    assert!(
+        page.contains("<table") && page.contains("Latency CDF: lan"),
+        "tables and CDFs"
+    );
+    assert_eq!(
+        page.matches("<svg").count(),
+        3,
+        "a CDF per profile and the bar chart"
+    );
+    assert!(
+        page.contains("polyline") || page.contains("<path"),
+        "the CDFs have lines"
+    );
+    assert!(
+        !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "nothing fetched"
+    );
     // The report of the CSV merges both rounds into each cell.
-    let o = faultrig(&["report", csv.to_str().unwrap()]);
+    let html = dir.path().join("again.html");
+    let o = faultrig(&[
+        "report",
+        csv.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
     assert!(o.status.success());
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
     let table = faultrig::report::Table::build(&rows).unwrap();
     assert!(table
         .cells

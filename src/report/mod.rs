@@ -2,6 +2,8 @@
 //! use for connection strategies on clean vs lossy links. Rounds and hosts are combined by
 //! merging histograms and summing counts, never by averaging percentiles.
 
+pub mod html;
+
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

@@ -1,0 +1,201 @@
+//! The HTML report: one self-contained file (inline CSS and SVG, nothing fetched), with the
+//! comparison tables and plots drawn by plotters' SVG backend: a latency CDF per profile (one
+//! line per flavour × mode, log-scale time) and p50/p99 bars per cell.
+
+use std::fmt::Write;
+
+use plotters::prelude::*;
+
+use super::Table;
+use crate::results::Row;
+
+const WIDTH: u32 = 900;
+
+/// The whole page for `rows`.
+pub fn page(title: &str, rows: &[Row]) -> Result<String, String> {
+    let table = Table::build(rows)?;
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>\
+         body{{font-family:sans-serif;margin:2em;color:#222}}\
+         table{{border-collapse:collapse;margin:1em 0}}\
+         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
+         th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
+         </style></head><body>\n<h1>{t}</h1>\n<p>{n} rows; total time is the mean over rounds of \
+         the time a cell's calls took; p99 merges every round's histogram.</p>\n",
+        t = escape(title),
+        n = rows.len()
+    );
+    html += &html_table(&table);
+    for (pi, profile) in table.profiles.iter().enumerate() {
+        let _ = writeln!(html, "<h2>Latency CDF: {}</h2>", escape(profile));
+        html += &cdf_svg(&table, pi).map_err(|e| format!("plot: {e}"))?;
+    }
+    html += "<h2>p50 and p99 latency per cell</h2>\n";
+    html += &bars_svg(&table).map_err(|e| format!("plot: {e}"))?;
+    html += "</body></html>\n";
+    Ok(html)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn html_table(t: &Table) -> String {
+    let mut h = String::from("<table><tr><th rowspan=2>flavour mode</th>");
+    for p in &t.profiles {
+        let _ = write!(h, "<th colspan=3>{}</th>", escape(p));
+    }
+    h += "</tr><tr>";
+    for _ in &t.profiles {
+        h += "<th>total ms</th><th>p99 ms</th><th>failed</th>";
+    }
+    h += "</tr>\n";
+    for (ri, name) in t.rows.iter().enumerate() {
+        let _ = write!(h, "<tr><td>{}</td>", escape(name));
+        for pi in 0..t.profiles.len() {
+            match t.cells.get(&(ri, pi)) {
+                Some(c) if !c.latency.is_empty() => {
+                    let _ = write!(
+                        h,
+                        "<td>{:.1}</td><td>{:.1}</td><td>{}</td>",
+                        c.mean_total_ms,
+                        c.latency.value_at_quantile(0.99) as f64 / 1e3,
+                        c.failed
+                    );
+                }
+                Some(c) => {
+                    let _ = write!(
+                        h,
+                        "<td>{:.1}</td><td>-</td><td>{}</td>",
+                        c.mean_total_ms, c.failed
+                    );
+                }
+                None => h += "<td></td><td></td><td></td>",
+            }
+        }
+        h += "</tr>\n";
+    }
+    h + "</table>\n"
+}
+
+type PlotResult = Result<String, Box<dyn std::error::Error>>;
+
+fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
+    let mut series = Vec::new();
+    let (mut lo, mut hi) = (f64::MAX, 0f64);
+    for (ri, name) in t.rows.iter().enumerate() {
+        let Some(cell) = t.cells.get(&(ri, profile)) else {
+            continue;
+        };
+        let h = &cell.latency;
+        if h.is_empty() {
+            continue;
+        }
+        let total = h.len() as f64;
+        let mut seen = 0u64;
+        let points: Vec<(f64, f64)> = h
+            .iter_recorded()
+            .map(|v| {
+                seen += v.count_at_value();
+                (
+                    h.highest_equivalent(v.value_iterated_to()) as f64 / 1e3,
+                    seen as f64 / total,
+                )
+            })
+            .collect();
+        lo = lo.min(points[0].0);
+        hi = hi.max(points[points.len() - 1].0);
+        series.push((name.clone(), points));
+    }
+    let mut svg = String::new();
+    if series.is_empty() {
+        return Ok("<p>no successful calls</p>\n".into());
+    }
+    let (lo, hi) = ((lo * 0.8).max(0.001), hi * 1.25);
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 420)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)?;
+        chart
+            .configure_mesh()
+            .x_desc("latency, ms (log scale)")
+            .y_desc("fraction of calls")
+            .draw()?;
+        for (i, (name, points)) in series.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg + "\n")
+}
+
+fn bars_svg(t: &Table) -> PlotResult {
+    let mut bars = Vec::new();
+    for (ri, name) in t.rows.iter().enumerate() {
+        for (pi, profile) in t.profiles.iter().enumerate() {
+            if let Some(c) = t.cells.get(&(ri, pi)).filter(|c| !c.latency.is_empty()) {
+                let ms = |q| c.latency.value_at_quantile(q) as f64 / 1e3;
+                bars.push((format!("{name} @ {profile}"), ms(0.5), ms(0.99)));
+            }
+        }
+    }
+    if bars.is_empty() {
+        return Ok("<p>no successful calls</p>\n".into());
+    }
+    let lo = bars.iter().map(|b| b.1).fold(f64::MAX, f64::min).max(0.001) * 0.5;
+    let hi = bars.iter().map(|b| b.2).fold(0f64, f64::max) * 1.5;
+    let n = bars.len();
+    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let mut svg = String::new();
+    {
+        let height = 60 + 22 * n as u32;
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(260)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)?;
+        chart
+            .configure_mesh()
+            .x_desc("latency, ms (log scale): p50 dark, p99 light")
+            .y_labels(n)
+            .y_label_formatter(&|y| {
+                let i = y.floor() as usize;
+                labels
+                    .get(n.saturating_sub(i + 1))
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .draw()?;
+        for (i, (_, p50, p99)) in bars.iter().enumerate() {
+            let y = (n - 1 - i) as f64;
+            chart.draw_series([
+                Rectangle::new([(lo, y + 0.15), (*p99, y + 0.85)], BLUE.mix(0.3).filled()),
+                Rectangle::new([(lo, y + 0.3), (*p50, y + 0.7)], BLUE.filled()),
+            ])?;
+        }
+        root.present()?;
+    }
+    Ok(svg + "\n")
+}
