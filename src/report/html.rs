@@ -175,24 +175,26 @@ fn bars_svg(t: &Table) -> PlotResult {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(260)
-            .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)?;
+            .build_cartesian_2d((lo..hi).log_scale(), (0..n).into_segmented())?;
+        // Segment i is drawn from the bottom; list the first cell at the top.
+        let row = |i: usize| n - 1 - i;
         chart
             .configure_mesh()
             .x_desc("latency, ms (log scale): p50 dark, p99 light")
             .y_labels(n)
-            .y_label_formatter(&|y| {
-                let i = y.floor() as usize;
-                labels
-                    .get(n.saturating_sub(i + 1))
-                    .cloned()
-                    .unwrap_or_default()
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) if *i < n => labels[row(*i)].clone(),
+                _ => String::new(),
             })
             .draw()?;
         for (i, (_, p50, p99)) in bars.iter().enumerate() {
-            let y = (n - 1 - i) as f64;
+            let (bottom, top) = (SegmentValue::Exact(row(i)), SegmentValue::Exact(row(i) + 1));
             chart.draw_series([
-                Rectangle::new([(lo, y + 0.15), (*p99, y + 0.85)], BLUE.mix(0.3).filled()),
-                Rectangle::new([(lo, y + 0.3), (*p50, y + 0.7)], BLUE.filled()),
+                Rectangle::new(
+                    [(lo, bottom.clone()), (*p99, top.clone())],
+                    BLUE.mix(0.3).filled(),
+                ),
+                Rectangle::new([(lo, bottom), (*p50, top)], BLUE.filled()),
             ])?;
         }
         root.present()?;
