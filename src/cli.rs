@@ -14,6 +14,7 @@ use crate::bench::{BenchSpec, Mode, Stop};
 use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
 use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW};
+use crate::report::{RoundSummary, Table};
 use crate::service::{Downstream, RigService};
 use crate::units;
 use crate::workload::Workload;
@@ -41,6 +42,10 @@ pub enum Command {
         /// Also write a self-contained HTML report (tables and SVG plots) to this file.
         #[arg(long)]
         html: Option<PathBuf>,
+        /// How a cell's rounds are combined: mean (total time averaged, histograms merged) or
+        /// median (the round with the median total time stands for the cell).
+        #[arg(long, value_parser = RoundSummary::parse, default_value = "mean")]
+        rounds: RoundSummary,
     },
     /// Run a fault proxy between clients and one upstream server.
     Proxy(ProxyArgs),
@@ -71,12 +76,27 @@ pub struct RunArgs {
     /// Override the file's workloads (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Option<Vec<String>>,
-    /// Override the calls per cell.
-    #[arg(long, allow_negative_numbers = true)]
+    /// Override the file's concurrency levels (comma-separated).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub concurrency: Option<Vec<i64>>,
+    /// Override the calls per cell (replaces the file's duration).
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "duration")]
     pub calls: Option<i64>,
+    /// Override the measured time per cell (replaces the file's calls).
+    #[arg(long)]
+    pub duration: Option<String>,
+    /// Override the unrecorded warm-up before each cell.
+    #[arg(long)]
+    pub warmup: Option<String>,
+    /// Override the limit for one call.
+    #[arg(long)]
+    pub timeout: Option<String>,
     /// Override the rounds.
     #[arg(long, allow_negative_numbers = true)]
     pub rounds: Option<i64>,
+    /// Override how the report combines rounds: mean or median.
+    #[arg(long)]
+    pub round_summary: Option<String>,
     /// Override the seed.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -96,7 +116,8 @@ pub struct ServeArgs {
     /// Stock each SKU starts with, for Deduct.
     #[arg(long, default_value_t = crate::service::DEFAULT_STOCK)]
     pub stock: i64,
-    /// What Deduct does after the stock update: none, or sleep:DUR.
+    /// What Deduct does after the stock update: none, sleep:DUR, or redis://HOST:PORT (a Redis
+    /// DECRBY per call).
     #[arg(long, value_parser = Downstream::parse, default_value = "none")]
     pub downstream: Downstream,
 }
@@ -250,7 +271,11 @@ impl std::fmt::Display for CliError {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(args) => run_experiment(args),
-        Command::Report { files, html } => report(&files, html.as_deref()),
+        Command::Report {
+            files,
+            html,
+            rounds,
+        } => report(&files, html.as_deref(), rounds),
         Command::Proxy(args) => proxy(args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
@@ -358,13 +383,20 @@ async fn shutdown_signal() {
 fn serve(args: ServeArgs) -> Result<(), CliError> {
     let rt = runtime()?;
     rt.block_on(async move {
+        // Before listening: a runner waiting for the address must never see a server that
+        // cannot reach its downstream.
+        let downstream = args
+            .downstream
+            .connect()
+            .await
+            .map_err(|e| CliError::Usage(format!("--downstream: {e}")))?;
         let listener = listen(args.listen, |local| {
             format!(
                 "faultrig serve {} listening on {local}",
                 args.flavour.name()
             )
         })?;
-        let service = std::sync::Arc::new(RigService::new(args.stock, args.downstream));
+        let service = std::sync::Arc::new(RigService::new(args.stock, downstream));
         flavour::serve(args.flavour, listener, service, shutdown_signal())
             .await
             .map_err(|e| CliError::Failed(e.into()))
@@ -454,8 +486,13 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         flavours: args.flavours,
         modes: args.modes,
         workloads: args.workloads,
+        concurrency: args.concurrency,
         calls: args.calls,
+        duration: args.duration,
+        warmup: args.warmup,
+        timeout: args.timeout,
         rounds: args.rounds,
+        round_summary: args.round_summary,
         seed: args.seed,
         ..ExperimentFile::default()
     };
@@ -487,10 +524,10 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
             tokio::signal::ctrl_c(),
         ))
         .map_err(CliError::Failed)?;
-    let table =
-        crate::report::Table::build(&rows).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    let table = Table::build(&rows, experiment.round_summary)
+        .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
     let html = files.dir.join("report.html");
-    write_html(&html, &format!("faultrig run {run_id}"), &rows)?;
+    write_html(&html, &format!("faultrig run {run_id}"), &table, rows.len())?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "\n{}", table.render());
     let _ = writeln!(
@@ -506,23 +543,28 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
 fn write_html(
     path: &std::path::Path,
     title: &str,
-    rows: &[crate::results::Row],
+    table: &Table,
+    rows: usize,
 ) -> Result<(), CliError> {
-    let page =
-        crate::report::html::page(title, rows).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    let page = crate::report::html::page(title, table, rows)
+        .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
     std::fs::write(path, page)
         .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))
 }
 
-fn report(files: &[PathBuf], html: Option<&std::path::Path>) -> Result<(), CliError> {
+fn report(
+    files: &[PathBuf],
+    html: Option<&std::path::Path>,
+    rounds: RoundSummary,
+) -> Result<(), CliError> {
     let mut rows = Vec::new();
     for f in files {
         rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
     }
-    let table = crate::report::Table::build(&rows).map_err(CliError::Usage)?;
+    let table = Table::build(&rows, rounds).map_err(CliError::Usage)?;
     let _ = write!(std::io::stdout(), "{}", table.render());
     if let Some(path) = html {
-        write_html(path, "faultrig report", &rows)?;
+        write_html(path, "faultrig report", &table, rows.len())?;
     }
     Ok(())
 }

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use crate::bench::{Mode, Stop};
 use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
+use crate::report::RoundSummary;
+use crate::service::Downstream;
 use crate::units::parse_duration;
 use crate::workload::Workload;
 
@@ -23,13 +25,66 @@ pub struct Experiment {
     pub profiles: Vec<Profile>,
     pub flavours: Vec<&'static dyn Flavour>,
     pub modes: Vec<Mode>,
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<CellWorkload>,
     pub concurrency: Vec<usize>,
     pub stop: Stop,
     pub warmup: Duration,
     pub rounds: u32,
+    /// How the report combines a cell's rounds.
+    pub round_summary: RoundSummary,
     pub seed: u64,
     pub timeout: Duration,
+}
+
+/// What a cell's server does after each `Deduct`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DownstreamSpec {
+    /// Passed to `faultrig serve --downstream` as it is.
+    Given(Downstream),
+    /// A private redis-server the runner starts for the run (`deduct@redis`).
+    LocalRedis,
+}
+
+/// A workload as an experiment names it. `deduct@sleep:2ms`, `deduct@redis` or
+/// `deduct@redis://HOST:PORT` add a downstream call to every deduct: that changes the server,
+/// not the call, so the runner gives each distinct downstream its own servers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellWorkload {
+    pub workload: Workload,
+    pub downstream: DownstreamSpec,
+    /// The name in the CSV's `workload` column and the report, e.g. `deduct@sleep:2ms`.
+    pub label: String,
+}
+
+impl CellWorkload {
+    pub fn parse(s: &str) -> Result<CellWorkload, String> {
+        let (workload, downstream) = match s.split_once('@') {
+            None => (Workload::parse(s)?, DownstreamSpec::Given(Downstream::None)),
+            Some((w, d)) => {
+                let workload = Workload::parse(w)?;
+                if workload != Workload::Deduct {
+                    return Err(format!(
+                        "\"{s}\": only deduct calls a downstream (deduct@sleep:DUR, deduct@redis)"
+                    ));
+                }
+                let downstream = match d {
+                    "redis" => DownstreamSpec::LocalRedis,
+                    d => DownstreamSpec::Given(Downstream::parse(d)?),
+                };
+                (workload, downstream)
+            }
+        };
+        let label = match &downstream {
+            DownstreamSpec::Given(Downstream::None) => workload.to_string(),
+            DownstreamSpec::Given(d) => format!("{workload}@{d}"),
+            DownstreamSpec::LocalRedis => format!("{workload}@redis"),
+        };
+        Ok(CellWorkload {
+            workload,
+            downstream,
+            label,
+        })
+    }
 }
 
 /// One combination of the axes.
@@ -38,7 +93,7 @@ pub struct Cell {
     pub profile: usize,
     pub flavour: &'static dyn Flavour,
     pub mode: Mode,
-    pub workload: Workload,
+    pub workload: CellWorkload,
     pub concurrency: usize,
 }
 
@@ -56,6 +111,8 @@ pub struct ExperimentFile {
     pub duration: Option<String>,
     pub warmup: Option<String>,
     pub rounds: Option<i64>,
+    /// `mean` or `median`: how the report combines rounds.
+    pub round_summary: Option<String>,
     pub seed: Option<u64>,
     pub timeout: Option<String>,
 }
@@ -96,6 +153,7 @@ impl ExperimentFile {
             concurrency,
             warmup,
             rounds,
+            round_summary,
             seed,
             timeout
         );
@@ -148,7 +206,7 @@ impl ExperimentFile {
             self.workloads.or_else(|| Some(vec!["order".into()])),
         )?
         .iter()
-        .map(|w| Workload::parse(w).map_err(|e| bad("workloads", e)))
+        .map(|w| CellWorkload::parse(w).map_err(|e| bad("workloads", e)))
         .collect::<Result<Vec<_>, _>>()?;
         let concurrency = self.concurrency.unwrap_or_else(|| vec![1]);
         if concurrency.is_empty() || concurrency.iter().any(|&c| !(1..=100_000).contains(&c)) {
@@ -181,6 +239,10 @@ impl ExperimentFile {
         if !(1..=1000).contains(&rounds) {
             return Err(bad("rounds", format!("must be 1..=1000, got {rounds}")));
         }
+        let round_summary = match &self.round_summary {
+            Some(s) => RoundSummary::parse(s).map_err(|e| bad("round_summary", e))?,
+            None => RoundSummary::Mean,
+        };
         Ok(Experiment {
             name: self.name.unwrap_or_else(|| "experiment".into()),
             profiles,
@@ -191,6 +253,7 @@ impl ExperimentFile {
             stop,
             warmup,
             rounds: rounds as u32,
+            round_summary,
             seed: self.seed.unwrap_or(1),
             timeout,
         })
@@ -204,13 +267,13 @@ impl Experiment {
         for profile in 0..self.profiles.len() {
             for &flavour in &self.flavours {
                 for &mode in &self.modes {
-                    for &workload in &self.workloads {
+                    for workload in &self.workloads {
                         for &concurrency in &self.concurrency {
                             cells.push(Cell {
                                 profile,
                                 flavour,
                                 mode,
-                                workload,
+                                workload: workload.clone(),
                                 concurrency,
                             });
                         }
@@ -219,6 +282,17 @@ impl Experiment {
             }
         }
         cells
+    }
+
+    /// The distinct downstreams the cells need, in first-seen order; each gets its own servers.
+    pub fn downstreams(&self) -> Vec<DownstreamSpec> {
+        let mut list: Vec<DownstreamSpec> = Vec::new();
+        for w in &self.workloads {
+            if !list.contains(&w.downstream) {
+                list.push(w.downstream.clone());
+            }
+        }
+        list
     }
 }
 
@@ -268,6 +342,62 @@ mod tests {
         assert!(
             e.starts_with("x.toml:2:") && e.contains("unknown field"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn every_shipped_experiment_is_valid() {
+        for (name, src, cells) in [
+            ("lan-compare", DEFAULT, 24),
+            (
+                "concurrency-sweep",
+                include_str!("../scripts/concurrency-sweep.toml"),
+                2 * 4 * 5,
+            ),
+            (
+                "payload-sweep",
+                include_str!("../scripts/payload-sweep.toml"),
+                4 * 4 * 2,
+            ),
+            (
+                "downstream",
+                include_str!("../scripts/downstream.toml"),
+                2 * 4 * 4,
+            ),
+        ] {
+            let e = ExperimentFile::parse(src, name)
+                .and_then(|f| f.validate(name))
+                .unwrap();
+            assert_eq!((e.name.as_str(), e.cells().len()), (name, cells));
+        }
+        let payload = validate(include_str!("../scripts/payload-sweep.toml")).unwrap();
+        assert_eq!(payload.round_summary, RoundSummary::Median);
+        assert_eq!(payload.rounds, 3);
+        assert!(payload.warmup > Duration::ZERO && matches!(payload.stop, Stop::Duration(_)));
+    }
+
+    #[test]
+    fn a_downstream_belongs_to_deduct_and_gets_its_own_servers() {
+        let w = |s: &str| CellWorkload::parse(s);
+        assert_eq!(
+            w("deduct@redis").unwrap().downstream,
+            DownstreamSpec::LocalRedis
+        );
+        assert_eq!(w("deduct@sleep:2ms").unwrap().label, "deduct@sleep:2ms");
+        assert_eq!(w("blob:1KiB").unwrap().label, "blob:1KiB");
+        assert!(w("wide@redis").unwrap_err().contains("only deduct"));
+        assert!(w("deduct@mysql").is_err());
+        let e = validate(
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 1\n\
+             workloads = [\"deduct\", \"order\", \"deduct@sleep:1ms\", \"deduct@sleep:1ms\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            e.downstreams(),
+            [
+                DownstreamSpec::Given(Downstream::None),
+                DownstreamSpec::Given(Downstream::Sleep(Duration::from_millis(1)))
+            ]
         );
     }
 

@@ -9,7 +9,8 @@
 //! - [`timer`]: the precise (microsecond) scheduler: tokio's timer rounds to milliseconds.
 //! - [`proxy`]: the TCP proxy that puts the model between real sockets, with live counters.
 //! - [`rig`]: the operations of `proto/rig.proto` as [`rig::Call`] / [`rig::Reply`];
-//!   [`service`] answers them, once, for every flavour's server.
+//!   [`service`] answers them, once, for every flavour's server, with an optional downstream
+//!   (a wait or a real Redis; [`local_redis`] starts a private one for experiments and tests).
 //! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
 //! - [`workload`]: what each call carries, and how a reply is checked.
 //! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod experiment;
 pub mod fault;
 pub mod flavour;
+pub mod local_redis;
 pub mod net;
 pub mod profile;
 pub mod proxy;

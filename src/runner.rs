@@ -1,7 +1,8 @@
 //! The experiment runner behind `faultrig run`: one `faultrig serve` child process per flavour
-//! (so its CPU time and peak RSS can be read from /proc), one fault proxy per profile and
-//! flavour (named after the profile, so every flavour sees the same fault streams), then every
-//! cell, round by round in a fixed order, each row written as soon as it is measured.
+//! and downstream (so its CPU time and peak RSS can be read from /proc), one fault proxy per
+//! profile in front of each server (named after the profile, so every flavour sees the same
+//! fault streams), then every cell, round by round in a fixed order, each row written as soon
+//! as it is measured.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,10 +13,12 @@ use anyhow::{bail, Context};
 use tokio::sync::oneshot;
 
 use crate::bench::{self, BenchSpec};
-use crate::experiment::Experiment;
+use crate::experiment::{DownstreamSpec, Experiment};
 use crate::flavour::Flavour;
+use crate::local_redis::LocalRedis;
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
 use crate::results::{ResultsWriter, Row};
+use crate::service::Downstream;
 
 /// A `faultrig serve` child process; killed and reaped on drop.
 struct Server {
@@ -24,7 +27,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(bin: &Path, flavour: &dyn Flavour) -> anyhow::Result<Server> {
+    fn start(bin: &Path, flavour: &dyn Flavour, downstream: &Downstream) -> anyhow::Result<Server> {
         let mut child = Command::new(bin)
             .args([
                 "serve",
@@ -32,6 +35,8 @@ impl Server {
                 flavour.name(),
                 "--listen",
                 "127.0.0.1:0",
+                "--downstream",
+                &downstream.to_string(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -89,6 +94,12 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One server and the proxies (one per profile) in front of it.
+struct Target {
+    server: Server,
+    proxies: Vec<RunningProxy>,
 }
 
 /// An in-process proxy in front of one server; stopped on drop.
@@ -155,18 +166,32 @@ pub async fn run(
 ) -> anyhow::Result<Vec<Row>> {
     let mut writer = ResultsWriter::append(&files.csv)
         .with_context(|| format!("write {}", files.csv.display()))?;
-    let mut servers = Vec::new();
-    for &flavour in &exp.flavours {
-        servers.push(Server::start(bin, flavour)?);
-    }
-    // proxies[profile][flavour]
-    let mut proxies = Vec::new();
-    for profile in &exp.profiles {
-        let mut row = Vec::new();
-        for server in &servers {
-            row.push(start_proxy(&server.addr, profile, exp.seed).await?);
+    let downstreams = exp.downstreams();
+    // Started before any server, so a missing redis-server fails the run before any traffic.
+    let local_redis = if downstreams.contains(&DownstreamSpec::LocalRedis) {
+        Some(LocalRedis::start().map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
+    } else {
+        None
+    };
+    // targets[downstream][flavour]: a server and one proxy per profile in front of it.
+    let mut targets: Vec<Vec<Target>> = Vec::new();
+    for spec in &downstreams {
+        let downstream = match spec {
+            DownstreamSpec::Given(d) => d.clone(),
+            DownstreamSpec::LocalRedis => {
+                Downstream::Redis(local_redis.as_ref().expect("started above").url())
+            }
+        };
+        let mut per_flavour = Vec::new();
+        for &flavour in &exp.flavours {
+            let server = Server::start(bin, flavour, &downstream)?;
+            let mut proxies = Vec::new();
+            for profile in &exp.profiles {
+                proxies.push(start_proxy(&server.addr, profile, exp.seed).await?);
+            }
+            per_flavour.push(Target { server, proxies });
         }
-        proxies.push(row);
+        targets.push(per_flavour);
     }
     let cells = exp.cells();
     let total = cells.len() as u64 * u64::from(exp.rounds);
@@ -186,12 +211,17 @@ pub async fn run(
                 .iter()
                 .position(|x| x.name() == cell.flavour.name())
                 .expect("listed");
-            let (server, proxy) = (&servers[f], &proxies[cell.profile][f]);
+            let d = downstreams
+                .iter()
+                .position(|x| *x == cell.workload.downstream)
+                .expect("listed");
+            let target = &targets[d][f];
+            let (server, proxy) = (&target.server, &target.proxies[cell.profile]);
             let spec = BenchSpec {
                 flavour: cell.flavour,
                 target: proxy.addr.clone(),
                 mode: cell.mode,
-                workload: cell.workload,
+                workload: cell.workload.workload,
                 concurrency: cell.concurrency,
                 stop: exp.stop,
                 warmup: exp.warmup,
@@ -215,6 +245,7 @@ pub async fn run(
             row.host = host.clone();
             row.round = round;
             row.profile = Some(exp.profiles[cell.profile].name.clone());
+            row.workload = cell.workload.label.clone();
             fill_proxy(&mut row, before, after);
             row.server_cpu_ms = cpu_before
                 .zip(server.cpu_ms())

@@ -1,5 +1,6 @@
 //! What every flavour's server does with a call, written once: echo the three echo operations,
-//! and keep real per-SKU stock for `Deduct`, optionally followed by a downstream call.
+//! and keep real per-SKU stock for `Deduct`, optionally followed by a downstream call (a fixed
+//! wait, or a real Redis `DECRBY`) standing in for the database a real handler would update.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,18 +11,20 @@ use crate::rig::{pb, Call, Reply};
 /// Stock each SKU starts with unless told otherwise.
 pub const DEFAULT_STOCK: i64 = 1_000_000_000;
 
-/// What `Deduct` does after updating the stock, standing in for the database or service a real
-/// handler would call.
+/// What `Deduct` does after updating the stock, as given on the command line or in an
+/// experiment (`none`, `sleep:DUR`, `redis://HOST:PORT`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Downstream {
     #[default]
     None,
     /// A fixed wait.
     Sleep(Duration),
+    /// A `DECRBY` on the Redis server at this URL.
+    Redis(String),
 }
 
 impl Downstream {
-    /// Parses `none` or `sleep:DUR`.
+    /// Parses `none`, `sleep:DUR` or `redis://HOST:PORT`.
     pub fn parse(s: &str) -> Result<Downstream, String> {
         if s == "none" {
             return Ok(Downstream::None);
@@ -29,9 +32,93 @@ impl Downstream {
         if let Some(d) = s.strip_prefix("sleep:") {
             return crate::units::parse_duration(d).map(Downstream::Sleep);
         }
+        if s.starts_with("redis://") {
+            // Checked here so a typo is bad input, not a failure after the server started.
+            redis::Client::open(s).map_err(|e| format!("bad Redis URL \"{s}\": {e}"))?;
+            return Ok(Downstream::Redis(s.to_string()));
+        }
         Err(format!(
-            "unknown downstream \"{s}\" (use none or sleep:DUR, e.g. sleep:2ms)"
+            "unknown downstream \"{s}\" (use none, sleep:DUR such as sleep:2ms, or redis://HOST:PORT)"
         ))
+    }
+
+    /// Opens what the downstream needs (a Redis connection), so a server whose downstream is
+    /// unreachable fails at start, naming the address, rather than failing every call.
+    pub async fn connect(&self) -> Result<DownstreamClient, String> {
+        Ok(match self {
+            Downstream::None => DownstreamClient::None,
+            Downstream::Sleep(d) => DownstreamClient::Sleep(*d),
+            Downstream::Redis(url) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| format!("bad Redis URL \"{url}\": {e}"))?;
+                let connect = client.get_multiplexed_async_connection();
+                let conn = tokio::time::timeout(Duration::from_secs(5), connect)
+                    .await
+                    .map_err(|_| format!("Redis at {url}: no answer within 5 s"))?
+                    .map_err(|e| format!("Redis at {url}: {e}"))?;
+                DownstreamClient::Redis(conn)
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Downstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Downstream::None => write!(f, "none"),
+            Downstream::Sleep(d) => write!(f, "sleep:{}", crate::units::format_duration(*d)),
+            Downstream::Redis(url) => write!(f, "{url}"),
+        }
+    }
+}
+
+/// A connected downstream, shared by every connection of a server.
+#[derive(Clone, Default)]
+pub enum DownstreamClient {
+    #[default]
+    None,
+    Sleep(Duration),
+    /// One multiplexed connection: concurrent calls pipeline on it instead of each opening
+    /// their own, as a real service's client pool would.
+    Redis(redis::aio::MultiplexedConnection),
+}
+
+impl std::fmt::Debug for DownstreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownstreamClient::None => write!(f, "None"),
+            DownstreamClient::Sleep(d) => write!(f, "Sleep({d:?})"),
+            DownstreamClient::Redis(_) => write!(f, "Redis"),
+        }
+    }
+}
+
+/// The Redis key a SKU's stock is mirrored under.
+pub fn redis_stock_key(sku: &str) -> String {
+    format!("faultrig:stock:{sku}")
+}
+
+impl DownstreamClient {
+    async fn deducted(&self, sku: &str, quantity: i64) -> Result<(), ServiceError> {
+        match self {
+            DownstreamClient::None => Ok(()),
+            DownstreamClient::Sleep(d) => {
+                // The precise timer: tokio's rounds up to the next millisecond and adds a
+                // wake-up, which made sleep:2ms cost 3.5 ms a call.
+                crate::timer::sleep_until(std::time::Instant::now() + *d).await;
+                Ok(())
+            }
+            DownstreamClient::Redis(conn) => {
+                let mut conn = conn.clone();
+                redis::cmd("DECRBY")
+                    .arg(redis_stock_key(sku))
+                    .arg(quantity)
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .map(drop)
+                    .map_err(|e| ServiceError(format!("downstream Redis DECRBY failed: {e}")))
+            }
+        }
     }
 }
 
@@ -46,17 +133,18 @@ pub struct RigService {
     /// Remaining stock per SKU; SKUs appear on first use with `initial_stock`.
     stock: Mutex<HashMap<String, i64>>,
     initial_stock: i64,
-    downstream: Downstream,
+    /// Called after every successful stock update.
+    downstream: DownstreamClient,
 }
 
 impl Default for RigService {
     fn default() -> Self {
-        RigService::new(DEFAULT_STOCK, Downstream::None)
+        RigService::new(DEFAULT_STOCK, DownstreamClient::None)
     }
 }
 
 impl RigService {
-    pub fn new(initial_stock: i64, downstream: Downstream) -> RigService {
+    pub fn new(initial_stock: i64, downstream: DownstreamClient) -> RigService {
         RigService {
             stock: Mutex::new(HashMap::new()),
             initial_stock,
@@ -71,8 +159,10 @@ impl RigService {
             Call::EchoWide(m) => Reply::EchoWide(m),
             Call::Deduct(req) => {
                 let reply = self.deduct(&req)?;
-                if let Downstream::Sleep(d) = self.downstream {
-                    tokio::time::sleep(d).await;
+                if reply.ok {
+                    self.downstream
+                        .deducted(&req.sku, i64::from(req.quantity))
+                        .await?;
                 }
                 Reply::Deduct(reply)
             }
@@ -113,7 +203,7 @@ mod tests {
 
     #[tokio::test]
     async fn stock_runs_out_and_stays_consistent_under_concurrency() {
-        let service = std::sync::Arc::new(RigService::new(1000, Downstream::None));
+        let service = std::sync::Arc::new(RigService::new(1000, DownstreamClient::None));
         let tasks: Vec<_> = (0..8)
             .map(|_| {
                 let s = service.clone();
@@ -151,6 +241,11 @@ mod tests {
             Downstream::parse("sleep:2ms"),
             Ok(Downstream::Sleep(Duration::from_millis(2)))
         );
+        assert_eq!(
+            Downstream::parse("redis://127.0.0.1:6380"),
+            Ok(Downstream::Redis("redis://127.0.0.1:6380".into()))
+        );
         assert!(Downstream::parse("redis").is_err());
+        assert!(Downstream::parse("redis://").is_err());
     }
 }

@@ -7,13 +7,11 @@ use std::fmt::Write;
 use plotters::prelude::*;
 
 use super::Table;
-use crate::results::Row;
 
 const WIDTH: u32 = 900;
 
-/// The whole page for `rows`.
-pub fn page(title: &str, rows: &[Row]) -> Result<String, String> {
-    let table = Table::build(rows)?;
+/// The whole page for a table built from `rows` rows.
+pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
     let mut html = String::new();
     let _ = write!(
         html,
@@ -22,18 +20,18 @@ pub fn page(title: &str, rows: &[Row]) -> Result<String, String> {
          table{{border-collapse:collapse;margin:1em 0}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
          th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
-         </style></head><body>\n<h1>{t}</h1>\n<p>{n} rows; total time is the mean over rounds of \
-         the time a cell's calls took; p99 merges every round's histogram.</p>\n",
+         </style></head><body>\n<h1>{t}</h1>\n<p>{n} rows; {e}.</p>\n",
         t = escape(title),
-        n = rows.len()
+        n = rows,
+        e = escape(table.summary.explain()),
     );
-    html += &html_table(&table);
+    html += &html_table(table);
     for (pi, profile) in table.profiles.iter().enumerate() {
         let _ = writeln!(html, "<h2>Latency CDF: {}</h2>", escape(profile));
-        html += &cdf_svg(&table, pi).map_err(|e| format!("plot: {e}"))?;
+        html += &cdf_svg(table, pi).map_err(|e| format!("plot: {e}"))?;
     }
     html += "<h2>p50 and p99 latency per cell</h2>\n";
-    html += &bars_svg(&table).map_err(|e| format!("plot: {e}"))?;
+    html += &bars_svg(table).map_err(|e| format!("plot: {e}"))?;
     html += "</body></html>\n";
     Ok(html)
 }
@@ -47,11 +45,11 @@ fn escape(s: &str) -> String {
 fn html_table(t: &Table) -> String {
     let mut h = String::from("<table><tr><th rowspan=2>flavour mode</th>");
     for p in &t.profiles {
-        let _ = write!(h, "<th colspan=3>{}</th>", escape(p));
+        let _ = write!(h, "<th colspan=4>{}</th>", escape(p));
     }
     h += "</tr><tr>";
     for _ in &t.profiles {
-        h += "<th>total ms</th><th>p99 ms</th><th>failed</th>";
+        h += "<th>total ms</th><th>calls/s</th><th>p99 ms</th><th>failed</th>";
     }
     h += "</tr>\n";
     for (ri, name) in t.rows.iter().enumerate() {
@@ -61,8 +59,9 @@ fn html_table(t: &Table) -> String {
                 Some(c) if !c.latency.is_empty() => {
                     let _ = write!(
                         h,
-                        "<td>{:.1}</td><td>{:.1}</td><td>{}</td>",
+                        "<td>{:.1}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td>",
                         c.mean_total_ms,
+                        c.calls_per_sec,
                         c.latency.value_at_quantile(0.99) as f64 / 1e3,
                         c.failed
                     );
@@ -70,11 +69,11 @@ fn html_table(t: &Table) -> String {
                 Some(c) => {
                     let _ = write!(
                         h,
-                        "<td>{:.1}</td><td>-</td><td>{}</td>",
-                        c.mean_total_ms, c.failed
+                        "<td>{:.1}</td><td>{:.0}</td><td>-</td><td>{}</td>",
+                        c.mean_total_ms, c.calls_per_sec, c.failed
                     );
                 }
-                None => h += "<td></td><td></td><td></td>",
+                None => h += "<td></td><td></td><td></td><td></td>",
             }
         }
         h += "</tr>\n";

@@ -81,7 +81,8 @@ fn a_tiny_experiment_runs_end_to_end() {
     ]);
     assert!(o.status.success());
     assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
-    let table = faultrig::report::Table::build(&rows).unwrap();
+    let table =
+        faultrig::report::Table::build(&rows, faultrig::report::RoundSummary::Mean).unwrap();
     assert!(table
         .cells
         .values()

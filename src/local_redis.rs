@@ -1,0 +1,104 @@
+//! A private `redis-server` on a free loopback port: what an experiment's `deduct@redis` cells
+//! and the tests call as their downstream. It binds 127.0.0.1 only, saves nothing to disk, and
+//! is killed and reaped on drop.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh redis-server gets to answer PING.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+pub struct LocalRedis {
+    child: Child,
+    /// The loopback port it serves on.
+    pub port: u16,
+}
+
+impl LocalRedis {
+    /// Starts `redis-server` (found on PATH) and waits until it answers.
+    pub fn start() -> Result<LocalRedis, String> {
+        // The free port is found by binding and releasing it; another process can take it in
+        // between, in which case redis-server exits and we try again with another.
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let port = free_port().map_err(|e| format!("find a free port for Redis: {e}"))?;
+            let mut child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "yes",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    format!("cannot start redis-server ({e}); install it (Debian: redis-server)")
+                })?;
+            match wait_for_pong(&mut child, port) {
+                Ok(()) => return Ok(LocalRedis { child, port }),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last_error = e;
+                }
+            }
+        }
+        Err(format!("redis-server did not start: {last_error}"))
+    }
+
+    /// `redis://127.0.0.1:PORT`, for `--downstream`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+fn wait_for_pong(child: &mut Child, port: u16) -> Result<(), String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server exited at start ({status})"));
+        }
+        if ping(addr).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no PONG from {addr} within {START_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ping(addr: SocketAddr) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    s.write_all(b"PING\r\n")?;
+    let mut reply = [0u8; 7];
+    s.read_exact(&mut reply)?;
+    if &reply == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("not a PONG"))
+    }
+}
