@@ -110,36 +110,18 @@ async fn an_unreachable_redis_fails_the_server_at_start() {
 
 #[test]
 fn an_experiment_compares_downstreams() {
-    let dir = tempdir();
-    let exp = dir.path().join("ds.toml");
-    std::fs::write(
-        &exp,
+    let run = run_experiment(
         "profiles = [\"local\"]\nflavours = [\"http1-json\", \"tcp-binary\"]\nmodes = [\"single\"]\n\
          workloads = [\"deduct\", \"deduct@sleep:5ms\", \"deduct@redis\", \"wide\"]\ncalls = 10\n",
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+        &[],
     );
-    let csv = std::fs::read_dir(&out)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path()
-        .join("results.csv");
-    let rows = faultrig::results::read(&csv).unwrap();
+    let (rows, stdout) = (&run.rows, &run.stdout);
     let labels: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
     assert_eq!(
         labels,
         ["deduct", "deduct@sleep:5ms", "deduct@redis", "wide"].repeat(2)
     );
-    for r in &rows {
+    for r in rows {
         assert_eq!((r.calls, r.ok), (10, 10), "{r:?}");
         if r.workload == "deduct@sleep:5ms" {
             assert!(r.lat_min_us.unwrap() >= 5_000, "the wait is paid: {r:?}");

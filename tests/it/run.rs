@@ -4,36 +4,20 @@ use crate::util::*;
 
 #[test]
 fn a_tiny_experiment_runs_end_to_end() {
-    let dir = tempdir();
-    let exp = dir.path().join("tiny.toml");
-    std::fs::write(
-        &exp,
+    let run = run_experiment(
         "name = \"tiny\"\nprofiles = [\"local\", \"lan\"]\nflavours = [\"grpc\", \"tcp-binary\"]\n\
          modes = [\"single\", \"per-call\"]\ncalls = 5\nrounds = 2\nseed = 7\n",
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+        &[],
     );
-    let run_dir = std::fs::read_dir(&out)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let (rows, stdout, run_dir) = (&run.rows, &run.stdout, &run.dir);
     let csv = run_dir.join("results.csv");
-    let rows = faultrig::results::read(&csv).unwrap();
+    let dir = tempdir();
     assert_eq!(
         rows.len(),
         2 * 2 * 2 * 2,
         "profiles × flavours × modes × rounds"
     );
-    for r in &rows {
+    for r in rows {
         assert_eq!((r.calls, r.ok), (5, 5), "{r:?}");
         assert!(r.bytes_up.unwrap() > 0 && r.bytes_down.unwrap() > 0);
         assert_eq!(r.stalls_up, Some(0));
@@ -81,12 +65,42 @@ fn a_tiny_experiment_runs_end_to_end() {
     ]);
     assert!(o.status.success());
     assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
-    let table =
-        faultrig::report::Table::build(&rows, faultrig::report::RoundSummary::Mean).unwrap();
+    let table = faultrig::report::Table::build(rows, faultrig::report::RoundSummary::Mean).unwrap();
     assert!(table
         .cells
         .values()
         .all(|c| c.rows == 2 && c.latency.len() == 10));
+}
+
+/// The shipped payload sweep, shrunk by flags: warm-up, fixed duration, three rounds, and a
+/// report of the median round.
+#[test]
+fn the_payload_sweep_reports_its_median_round() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/payload-sweep.toml");
+    let run = run_experiment(
+        &std::fs::read_to_string(file).unwrap(),
+        &[
+            "--profiles",
+            "local",
+            "--flavours",
+            "tcp-binary",
+            "--concurrency",
+            "4",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "50ms",
+        ],
+    );
+    assert_eq!(run.rows.len(), 4 * 3, "four payloads, three rounds");
+    for r in &run.rows {
+        assert!(r.ok > 0 && r.failed == 0, "{r:?}");
+        assert!(r.elapsed_ms >= 200, "ran for the duration: {r:?}");
+    }
+    let sizes: Vec<u64> = run.rows[..4].iter().map(|r| r.payload_bytes).collect();
+    assert!(sizes.windows(2).all(|w| w[0] < w[1]) && sizes[3] > 1 << 20);
+    assert!(run.stdout.contains("median round"), "{}", run.stdout);
+    assert!(run.stdout.contains("tcp-binary single blob:1MiB c=4"));
 }
 
 #[test]

@@ -175,3 +175,47 @@ impl Drop for Listening {
         let _ = self.child.wait();
     }
 }
+
+/// A finished `faultrig run` of an experiment file written into a scratch directory.
+pub struct FinishedRun {
+    pub stdout: String,
+    /// OUT/RUN_ID: the CSV and report.html.
+    pub dir: std::path::PathBuf,
+    pub rows: Vec<faultrig::results::Row>,
+    _scratch: tempfile::TempDir,
+}
+
+/// Writes `experiment` to a file, runs it with `extra` flags, asserts success, reads its CSV.
+pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
+    let scratch = tempdir();
+    let file = scratch.path().join("experiment.toml");
+    std::fs::write(&file, experiment).unwrap();
+    let out = scratch.path().join("out");
+    let mut args = vec![
+        "run",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let o = faultrig(&args);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let dir = std::fs::read_dir(&out)
+        .unwrap()
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path();
+    let rows = faultrig::results::read(&dir.join("results.csv")).unwrap();
+    FinishedRun {
+        stdout,
+        dir,
+        rows,
+        _scratch: scratch,
+    }
+}
