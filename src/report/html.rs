@@ -20,6 +20,8 @@ pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
          table{{border-collapse:collapse;margin:1em 0}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
          th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
+         .legend{{display:flex;flex-wrap:wrap;gap:2px 16px;max-width:900px;font-size:13px}}\
+         .legend i{{display:inline-block;width:18px;height:3px;margin:0 6px 4px 0}}\
          </style></head><body>\n<h1>{t}</h1>\n<p>{n} rows; {e}.</p>\n",
         t = escape(title),
         n = rows,
@@ -128,24 +130,27 @@ fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
             .x_desc("latency, ms (log scale)")
             .y_desc("fraction of calls")
             .draw()?;
-        for (i, (name, points)) in series.into_iter().enumerate() {
+        for (i, (_, points)) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-                .label(name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
+            chart.draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
         root.present()?;
     }
-    Ok(svg + "\n")
+    // The legend is HTML under the plot: drawn inside it, a sweep's thirty series would cover
+    // the very lines they name.
+    let mut legend = String::from("<div class=legend>");
+    for (i, (name, _)) in series.iter().enumerate() {
+        let (r, g, b) = Palette99::pick(i).to_rgba().rgb();
+        let _ = write!(
+            legend,
+            "<span><i style=\"background:#{r:02x}{g:02x}{b:02x}\"></i>{}</span>",
+            escape(name)
+        );
+    }
+    Ok(svg + "\n" + &legend + "</div>\n")
 }
 
 fn bars_svg(t: &Table) -> PlotResult {
