@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The tests on a fresh machine: installs what the integration tests start for real (a
-# redis-server they run on a free loopback port) when it is missing, then `cargo test --release`.
-# Extra arguments go to cargo test (e.g. scripts/test.sh -- downstream).
+# The tests on a fresh machine: installs what the integration tests use for real when it is
+# missing (a redis-server they run on a free loopback port; OpenSSL headers for the
+# toxiproxy_rust client's build; the toxiproxy-python client in target/py-venv), then
+# `cargo test --release`. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then
     sudo=()
     [[ $(id -u) -eq 0 ]] || sudo=(sudo)
@@ -14,6 +18,13 @@ if ((${#missing[@]})); then
     "${sudo[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
+fi
+
+venv=target/py-venv
+if ! "$venv/bin/python" -c 'import toxiproxy' 2>/dev/null; then
+    echo "scripts/test.sh: installing toxiproxy-python (PyPI) into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check toxiproxy-python
 fi
 
 exec cargo test --release "$@"

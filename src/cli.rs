@@ -47,8 +47,11 @@ pub enum Command {
         #[arg(long, value_parser = RoundSummary::parse, default_value = "mean")]
         rounds: RoundSummary,
     },
-    /// Run a fault proxy between clients and one upstream server.
+    /// Run a fault proxy between clients and one upstream server, or (--api) a Toxiproxy-style
+    /// control API hosting any number of named proxies.
     Proxy(ProxyArgs),
+    /// Talk to a control API (`faultrig proxy --api`): list, create, toxics, reset, metrics.
+    Ctl(CtlArgs),
     /// Run an RPC server of one flavour.
     Serve(ServeArgs),
     /// Drive RPC load against a server (directly or through a proxy) and report.
@@ -168,9 +171,18 @@ pub struct ProxyArgs {
     /// Address to accept clients on (port 0 picks a free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Address of the server to forward to (HOST:PORT).
-    #[arg(long)]
-    pub upstream: String,
+    /// Address of the server to forward to (HOST:PORT). With --api, optional: it creates the
+    /// proxy --name on --listen at start.
+    #[arg(long, required_unless_present = "api")]
+    pub upstream: Option<String>,
+    /// Serve the control API (Toxiproxy's REST API and /metrics) on this address (default
+    /// 127.0.0.1:8474; it binds another interface only when named here).
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8474")]
+    pub api: Option<SocketAddr>,
+    /// With --api: proxies to create at start, a JSON array in Toxiproxy's config shape
+    /// ([{"name", "listen", "upstream", "enabled"}]).
+    #[arg(long, requires = "api")]
+    pub config: Option<PathBuf>,
     /// Built-in profile name or path to a profile file (.toml).
     #[arg(long, default_value = "local")]
     pub profile: String,
@@ -186,6 +198,97 @@ pub struct ProxyArgs {
     /// Name of this proxy in logs; also keys its fault RNG streams.
     #[arg(long, default_value = "proxy")]
     pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Address of the control API.
+    #[arg(long, default_value = "127.0.0.1:8474", global = true)]
+    pub api: String,
+    #[command(subcommand)]
+    pub action: CtlAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlAction {
+    /// List the proxies with their toxics.
+    List,
+    /// Create a proxy.
+    Create {
+        name: String,
+        #[arg(long)]
+        upstream: String,
+        /// Where it listens (port 0: a free port, printed in the answer).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Create it without listening.
+        #[arg(long)]
+        disabled: bool,
+    },
+    /// Delete a proxy (closing its connections).
+    Delete { name: String },
+    /// Start listening again.
+    Enable { name: String },
+    /// Close the listener and every connection.
+    Disable { name: String },
+    /// Add, update, remove or list toxics.
+    Toxic {
+        #[command(subcommand)]
+        action: ToxicAction,
+    },
+    /// Enable every proxy and remove every toxic.
+    Reset,
+    /// Print the Prometheus metrics.
+    Metrics,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToxicAction {
+    /// Add a toxic: `toxic add PROXY --type latency -a latency=100 -a jitter=10`.
+    Add {
+        proxy: String,
+        /// latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data, loss,
+        /// syn_loss, profile, noop.
+        #[arg(long = "type")]
+        kind: String,
+        /// Name (default TYPE_STREAM).
+        #[arg(long)]
+        name: Option<String>,
+        /// upstream (client to server) or downstream.
+        #[arg(long, default_value = "downstream")]
+        stream: String,
+        /// Share of connections that suffer it, 0..1.
+        #[arg(long, default_value_t = 1.0)]
+        toxicity: f64,
+        /// An attribute, KEY=VALUE (repeat for more).
+        #[arg(short = 'a', long = "attr", value_parser = parse_attribute)]
+        attributes: Vec<(String, serde_json::Value)>,
+    },
+    /// Change a toxic's attributes or toxicity; the rest stay.
+    Update {
+        proxy: String,
+        toxic: String,
+        #[arg(long)]
+        toxicity: Option<f64>,
+        #[arg(short = 'a', long = "attr", value_parser = parse_attribute)]
+        attributes: Vec<(String, serde_json::Value)>,
+    },
+    /// Remove a toxic.
+    Remove { proxy: String, toxic: String },
+    /// List a proxy's toxics.
+    List { proxy: String },
+}
+
+/// `KEY=VALUE`, the value a JSON number when it reads as one, else a string.
+fn parse_attribute(s: &str) -> Result<(String, serde_json::Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("\"{s}\" is not KEY=VALUE"))?;
+    let value = serde_json::from_str::<serde_json::Number>(v)
+        .map(serde_json::Value::Number)
+        .unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+    Ok((k.to_string(), value))
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,7 +379,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             html,
             rounds,
         } => report(&files, html.as_deref(), rounds),
+        Command::Proxy(args) if args.api.is_some() => control_api(args),
         Command::Proxy(args) => proxy(args),
+        Command::Ctl(args) => ctl(args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
         Command::Profiles { action } => profiles(action.unwrap_or(ProfilesAction::List)),
@@ -326,14 +431,17 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
         connect_timeout: args.connect_timeout,
     };
     let rt = runtime()?;
+    let upstream = args
+        .upstream
+        .expect("clap requires --upstream without --api");
     rt.block_on(async move {
         let listener = listen(args.listen, |local| {
             format!(
                 "faultrig proxy {} listening on {local} -> {} (profile {}, seed {})",
-                args.name, args.upstream, profile.name, args.seed
+                args.name, upstream, profile.name, args.seed
             )
         })?;
-        let proxy = Proxy::new(args.upstream, profile, options);
+        let proxy = Proxy::new(upstream, profile, options);
         let stats = proxy.stats();
         proxy
             .run(listener, shutdown_signal())
@@ -351,6 +459,181 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
         );
         Ok(())
     })
+}
+
+/// `faultrig proxy --api`: the control API, with the proxies of `--config` and `--upstream`.
+fn control_api(args: ProxyArgs) -> Result<(), CliError> {
+    use crate::api::{ProxySpec, Registry, RegistryOptions};
+    let profile = load_profile(&args.profile, "--profile")?;
+    // Everything given at start is checked before anything listens.
+    let mut specs = Vec::new();
+    if let Some(path) = &args.config {
+        let bad = |e: String| CliError::Usage(format!("--config {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let list = value
+            .as_array()
+            .ok_or_else(|| bad("expected a JSON array of proxies".into()))?;
+        for (i, v) in list.iter().enumerate() {
+            specs.push(ProxySpec::from_json(v, Some(i)).map_err(|e| bad(e.message))?);
+        }
+    }
+    if let Some(upstream) = &args.upstream {
+        specs.push(ProxySpec {
+            name: args.name.clone(),
+            listen: args.listen.to_string(),
+            upstream: upstream.clone(),
+            enabled: true,
+            base: profile,
+        });
+    }
+    let registry = std::sync::Arc::new(Registry::new(RegistryOptions {
+        seed: args.seed,
+        window: args.window,
+        connect_timeout: args.connect_timeout,
+    }));
+    let addr = args.api.expect("called with --api");
+    runtime()?.block_on(async move {
+        let listener = crate::net::bind(addr)
+            .map_err(|e| CliError::Usage(format!("--api {addr}: cannot listen: {e}")))?;
+        if !specs.is_empty() {
+            let created = registry.populate(specs).await.map_err(|(e, _)| {
+                CliError::Usage(format!("creating the proxies: {}", e.message))
+            })?;
+            for p in created["proxies"].as_array().into_iter().flatten() {
+                println!(
+                    "proxy {} listening on {} -> {}",
+                    p["name"].as_str().unwrap_or_default(),
+                    p["listen"].as_str().unwrap_or_default(),
+                    p["upstream"].as_str().unwrap_or_default()
+                );
+            }
+        }
+        let local = listener
+            .local_addr()
+            .map_err(|e| CliError::Failed(e.into()))?;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "faultrig proxy control API listening on {local}");
+        let _ = out.flush();
+        crate::api::run(listener, registry, shutdown_signal())
+            .await
+            .map_err(|e| CliError::Failed(e.into()))
+    })
+}
+
+/// `faultrig ctl`: one request to the control API, its answer printed as JSON.
+fn ctl(args: CtlArgs) -> Result<(), CliError> {
+    use crate::api::client::{self, ClientError};
+    use http::Method;
+    use serde_json::{json, Map, Value};
+    let segment = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let attrs = |list: Vec<(String, Value)>| Value::Object(list.into_iter().collect::<Map<_, _>>());
+    let (method, path, body) = match args.action {
+        CtlAction::List => (Method::GET, "/proxies".to_string(), None),
+        CtlAction::Create {
+            name,
+            upstream,
+            listen,
+            disabled,
+        } => (
+            Method::POST,
+            "/proxies".into(),
+            Some(
+                json!({"name": name, "upstream": upstream, "listen": listen, "enabled": !disabled}),
+            ),
+        ),
+        CtlAction::Delete { name } => {
+            (Method::DELETE, format!("/proxies/{}", segment(&name)), None)
+        }
+        CtlAction::Enable { name } => (
+            Method::POST,
+            format!("/proxies/{}", segment(&name)),
+            Some(json!({"enabled": true})),
+        ),
+        CtlAction::Disable { name } => (
+            Method::POST,
+            format!("/proxies/{}", segment(&name)),
+            Some(json!({"enabled": false})),
+        ),
+        CtlAction::Reset => (Method::POST, "/reset".into(), None),
+        CtlAction::Metrics => {
+            let text = runtime()?
+                .block_on(client::get_text(&args.api, "/metrics"))
+                .map_err(|e| CliError::Failed(e.into()))?;
+            print!("{text}");
+            return Ok(());
+        }
+        CtlAction::Toxic { action } => match action {
+            ToxicAction::Add {
+                proxy,
+                kind,
+                name,
+                stream,
+                toxicity,
+                attributes,
+            } => {
+                let mut body = json!({
+                    "type": kind,
+                    "stream": stream,
+                    "toxicity": toxicity,
+                    "attributes": attrs(attributes),
+                });
+                if let Some(n) = name {
+                    body["name"] = json!(n);
+                }
+                (
+                    Method::POST,
+                    format!("/proxies/{}/toxics", segment(&proxy)),
+                    Some(body),
+                )
+            }
+            ToxicAction::Update {
+                proxy,
+                toxic,
+                toxicity,
+                attributes,
+            } => {
+                let mut body = json!({"attributes": attrs(attributes)});
+                if let Some(t) = toxicity {
+                    body["toxicity"] = json!(t);
+                }
+                (
+                    Method::PATCH,
+                    format!("/proxies/{}/toxics/{}", segment(&proxy), segment(&toxic)),
+                    Some(body),
+                )
+            }
+            ToxicAction::Remove { proxy, toxic } => (
+                Method::DELETE,
+                format!("/proxies/{}/toxics/{}", segment(&proxy), segment(&toxic)),
+                None,
+            ),
+            ToxicAction::List { proxy } => (
+                Method::GET,
+                format!("/proxies/{}/toxics", segment(&proxy)),
+                None,
+            ),
+        },
+    };
+    match runtime()?.block_on(client::request(&args.api, method, &path, body.as_ref())) {
+        Ok(Value::Null) => Ok(()),
+        Ok(v) => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            );
+            Ok(())
+        }
+        // The API refused what we asked: bad input, named by the API's message.
+        Err(e @ ClientError::Api { status, .. }) if status < 500 => {
+            Err(CliError::Usage(e.to_string()))
+        }
+        Err(e) => Err(CliError::Failed(e.into())),
+    }
 }
 
 /// Binds `--listen` and announces the bound address on stdout, in a line containing

@@ -143,6 +143,18 @@ impl LinkModel {
         }
     }
 
+    /// Changes the impairment of a live direction (a toxic added, updated or removed). The
+    /// random stream, the Gilbert–Elliott state and the release clock carry over, so bytes
+    /// already scheduled keep their times and nothing released later can overtake them.
+    pub fn retune(&mut self, params: &LinkParams, timing: PathTiming) {
+        self.params = params.clone();
+        self.rtt = timing.rtt;
+        self.rto = timing.rto(params.rto_min);
+        if params.rate_bps.is_none() {
+            self.next_free = Duration::ZERO;
+        }
+    }
+
     /// Segments lost so far.
     pub fn stalls(&self) -> u64 {
         self.stalls
@@ -252,7 +264,16 @@ impl LinkModel {
 
     /// Stall of a handshake packet (SYN or SYN-ACK) sent in this direction, and how many times
     /// it was lost.
-    fn handshake_stall(&mut self, connect: &ConnectParams) -> (Duration, u32) {
+    fn handshake_stall(
+        &mut self,
+        connect: &ConnectParams,
+        loss: Option<LossProcess>,
+    ) -> (Duration, u32) {
+        // A handshake-only loss process (a `syn_loss` toxic) stands in for the link's.
+        let link_loss = self.params.loss;
+        if let Some(loss) = loss {
+            self.params.loss = loss;
+        }
         let mut stall = Duration::ZERO;
         let mut losses = 0;
         while losses < MAX_SYN_RETRIES && self.draw_loss() {
@@ -262,6 +283,7 @@ impl LinkModel {
             };
             losses += 1;
         }
+        self.params.loss = link_loss;
         (stall, losses)
     }
 }
@@ -282,6 +304,18 @@ pub struct ConnectionModel {
 impl ConnectionModel {
     /// The model of connection number `ordinal` of proxy `proxy` in a run seeded with `seed`.
     pub fn new(profile: &Profile, seed: u64, proxy: &str, ordinal: u64) -> ConnectionModel {
+        ConnectionModel::with_handshake_loss(profile, None, seed, proxy, ordinal)
+    }
+
+    /// Like [`ConnectionModel::new`], with SYNs and SYN-ACKs lost by `handshake_loss` instead
+    /// of the links' own loss processes (when given).
+    pub fn with_handshake_loss(
+        profile: &Profile,
+        handshake_loss: Option<LossProcess>,
+        seed: u64,
+        proxy: &str,
+        ordinal: u64,
+    ) -> ConnectionModel {
         let timing = PathTiming::of(profile);
         let mut upstream = LinkModel::new(
             &profile.upstream,
@@ -293,8 +327,9 @@ impl ConnectionModel {
             timing,
             stream_rng(seed, proxy, ordinal, Direction::Downstream),
         );
-        let (syn_stall, syn_losses) = upstream.handshake_stall(&profile.connect);
-        let (synack_stall, synack_losses) = downstream.handshake_stall(&profile.connect);
+        let (syn_stall, syn_losses) = upstream.handshake_stall(&profile.connect, handshake_loss);
+        let (synack_stall, synack_losses) =
+            downstream.handshake_stall(&profile.connect, handshake_loss);
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.

@@ -7,7 +7,10 @@
 //! - [`fault`]: the pure, seeded impairment model. Time and bytes in, release times out; no
 //!   sockets, no clock, so it is tested on a virtual clock against closed forms.
 //! - [`timer`]: the precise (microsecond) scheduler: tokio's timer rounds to milliseconds.
+//! - [`toxic`]: faults switched on while a proxy runs (Toxiproxy's toxics and ours), resolved
+//!   per connection into model parameters; pure, like [`fault`].
 //! - [`proxy`]: the TCP proxy that puts the model between real sockets, with live counters.
+//! - [`api`]: the control API (Toxiproxy's REST API and Prometheus metrics) over named proxies.
 //! - [`rig`]: the operations of `proto/rig.proto` as [`rig::Call`] / [`rig::Reply`];
 //!   [`service`] answers them, once, for every flavour's server, with an optional downstream
 //!   (a wait or a real Redis; [`local_redis`] starts a private one for experiments and tests).
@@ -20,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod experiment;
@@ -35,5 +39,6 @@ pub mod rig;
 pub mod runner;
 pub mod service;
 pub mod timer;
+pub mod toxic;
 pub mod units;
 pub mod workload;

@@ -17,10 +17,24 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::fault::ConnectionModel;
+use crate::fault::{stream_rng, ConnectionModel, Direction};
 use crate::profile::Profile;
+use crate::toxic::{self, Draws, Toxic};
+
+/// Where a proxy's faults come from.
+#[derive(Clone, Debug)]
+pub enum Faults {
+    /// A fixed profile (`faultrig proxy --profile`, `faultrig run`).
+    Fixed(Profile),
+    /// A base profile under toxics that change while connections are open (the control API).
+    Live {
+        base: Profile,
+        toxics: watch::Receiver<Arc<Vec<Toxic>>>,
+    },
+}
 
 /// Default bytes in flight per direction before the proxy stops reading.
 pub const DEFAULT_WINDOW: usize = 4 << 20;
@@ -133,7 +147,7 @@ impl ProxyStats {
 /// Everything a connection task needs, shared by all of them.
 struct Shared {
     upstream: String,
-    profile: Profile,
+    faults: Faults,
     options: ProxyOptions,
     stats: Arc<ProxyStats>,
 }
@@ -145,12 +159,28 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn new(upstream: impl Into<String>, profile: Profile, options: ProxyOptions) -> Proxy {
+        Proxy::with_faults(
+            upstream,
+            Faults::Fixed(profile),
+            options,
+            Arc::new(ProxyStats::default()),
+        )
+    }
+
+    /// A proxy with any [`Faults`], counting into `stats` (which may outlive it: the control
+    /// API keeps a proxy's counters across restarts).
+    pub fn with_faults(
+        upstream: impl Into<String>,
+        faults: Faults,
+        options: ProxyOptions,
+        stats: Arc<ProxyStats>,
+    ) -> Proxy {
         Proxy {
             shared: Arc::new(Shared {
                 upstream: upstream.into(),
-                profile,
+                faults,
                 options,
-                stats: Arc::new(ProxyStats::default()),
+                stats,
             }),
         }
     }
@@ -228,16 +258,49 @@ async fn serve_connection(
         stats,
         abort: &cancel,
     };
-    if shared.profile.is_unimpaired() {
-        pipe::copy_both(ends).await;
-    } else {
-        let model = ConnectionModel::new(
-            &shared.profile,
-            shared.options.seed,
-            &shared.options.name,
-            ordinal,
-        );
-        pipe::schedule_both(ends, model, accepted_at, shared.options.window).await;
+    let (seed, name, window) = (
+        shared.options.seed,
+        shared.options.name.as_str(),
+        shared.options.window,
+    );
+    match &shared.faults {
+        Faults::Fixed(profile) if profile.is_unimpaired() => pipe::copy_both(ends).await,
+        Faults::Fixed(profile) => {
+            let model = ConnectionModel::new(profile, seed, name, ordinal);
+            pipe::schedule_both(ends, model, accepted_at, window, None).await;
+        }
+        Faults::Live { base, toxics } => {
+            // Always the scheduled pipe: a toxic may arrive at any moment, and the copy path
+            // has no place to apply it.
+            let mut toxics = toxics.clone();
+            let list = toxics.borrow_and_update().clone();
+            // Own streams, so toxicity and slicing never shift the model's draws.
+            let side = |d| stream_rng(seed, &format!("{name}#toxics"), ordinal, d);
+            let mut draws = Draws::new(side(Direction::Upstream));
+            let faults = toxic::resolve(base, &list, &mut draws);
+            let model = ConnectionModel::with_handshake_loss(
+                &faults.profile,
+                faults.handshake_loss,
+                seed,
+                name,
+                ordinal,
+            );
+            let live = pipe::Live {
+                toxics,
+                base: base.clone(),
+                draws,
+                faults,
+                slicer_rngs: [side(Direction::Downstream), {
+                    stream_rng(
+                        seed,
+                        &format!("{name}#slicer"),
+                        ordinal,
+                        Direction::Upstream,
+                    )
+                }],
+            };
+            pipe::schedule_both(ends, model, accepted_at, window, Some(live)).await;
+        }
     }
     tracing::debug!(proxy = %shared.options.name, ordinal, "closed");
 }

@@ -15,18 +15,21 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use rand_chacha::ChaCha8Rng;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::{DirectionStats, ProxyStats};
-use crate::fault::{ConnectionModel, LinkModel, Segment};
+use crate::fault::{ConnectionModel, Direction as Dir, LinkModel, Segment};
+use crate::profile::Profile;
 use crate::timer::sleep_until;
+use crate::toxic::{self, ConnectionFaults, DirectionFaults, Draws, Toxic};
 
 /// Largest single read. Big enough that bulk transfers cost few syscalls per megabyte.
 const READ_CHUNK: usize = 128 * 1024;
@@ -72,9 +75,31 @@ async fn copy(src: &TcpStream, dst: &TcpStream, stats: &DirectionStats, abort: &
     }
 }
 
+/// Toxics that may change while the connection is open (the control API's proxies).
+pub struct Live {
+    /// The proxy's toxic list; every change is resolved again for this connection.
+    pub toxics: watch::Receiver<Arc<Vec<Toxic>>>,
+    /// The proxy's own impairment, under the toxics.
+    pub base: Profile,
+    /// This connection's toxicity draws.
+    pub draws: Draws,
+    /// What the toxics amounted to when the connection was accepted.
+    pub faults: ConnectionFaults,
+    /// Slicer piece sizes, one stream per direction.
+    pub slicer_rngs: [ChaCha8Rng; 2],
+}
+
 /// Impaired profiles: each direction is a reader that timestamps reads and asks the model for
-/// release times, and a writer that delivers at those times.
-pub async fn schedule_both(ends: Ends<'_>, model: ConnectionModel, epoch: Instant, window: usize) {
+/// release times, and a writer that delivers at those times. With `live` toxics, a supervisor
+/// resolves every change for this connection and carries out the timed ones (reset_peer,
+/// timeout).
+pub async fn schedule_both(
+    ends: Ends<'_>,
+    model: ConnectionModel,
+    epoch: Instant,
+    window: usize,
+    live: Option<Live>,
+) {
     let ConnectionModel {
         upstream: mut up_model,
         downstream: mut down_model,
@@ -93,20 +118,119 @@ pub async fn schedule_both(ends: Ends<'_>, model: ConnectionModel, epoch: Instan
         .fetch_add(u64::from(synack_losses), Ordering::Relaxed);
     enable_receive_timestamps(ends.client);
     enable_receive_timestamps(ends.upstream);
-    let up = Direction::new(window, epoch, &stats.upstream);
-    let down = Direction::new(window, epoch, &stats.downstream);
+    let up = Direction::new(Dir::Upstream, window, epoch, &stats.upstream);
+    let down = Direction::new(Dir::Downstream, window, epoch, &stats.downstream);
+    let (armed_tx, armed_rx) = mpsc::unbounded_channel();
+    let (mut supervisor, mut up_live, mut down_live) = (None, None, None);
+    let (mut up_hold, mut down_hold) = (None, None);
+    if let Some(live) = live {
+        let (tx, rx) = watch::channel(Arc::new(live.faults.clone()));
+        let [up_rng, down_rng] = live.slicer_rngs.clone();
+        let side = |d: Dir, rng| LiveDirection {
+            faults: rx.clone(),
+            current: live.faults.direction(d).clone(),
+            slicer_rng: rng,
+            armed: armed_tx.clone(),
+            carried: 0,
+            slice_floor: None,
+        };
+        up_live = Some(side(Dir::Upstream, up_rng));
+        down_live = Some(side(Dir::Downstream, down_rng));
+        up_hold = Some(rx.clone());
+        down_hold = Some(rx);
+        supervisor = Some((live, tx));
+    }
     let abort = ends.abort;
     let work = async {
         tokio::join!(
-            up.read(ends.client, &mut up_model),
-            up.write(ends.upstream, ends.client, abort),
-            down.read(ends.upstream, &mut down_model),
-            down.write(ends.client, ends.upstream, abort),
+            up.read(ends.client, &mut up_model, up_live),
+            up.write(ends.upstream, ends.client, abort, up_hold),
+            down.read(ends.upstream, &mut down_model, down_live),
+            down.write(ends.client, ends.upstream, abort, down_hold),
         )
+    };
+    let supervise = async {
+        match supervisor {
+            Some((live, tx)) => supervise(live, tx, armed_rx).await,
+            None => std::future::pending().await,
+        }
     };
     tokio::select! {
         _ = work => {}
         _ = abort.cancelled() => {}
+        () = supervise => {
+            // A timed toxic ended the connection: both ends see a reset.
+            reset_on_close(ends.client);
+            reset_on_close(ends.upstream);
+            abort.cancel();
+        }
+    }
+}
+
+/// Follows a live connection's toxics: resolves each change and publishes it to the readers
+/// and writers, and returns when a timed toxic (reset_peer, or timeout with a limit) says the
+/// connection must be reset.
+async fn supervise(
+    mut live: Live,
+    faults: watch::Sender<Arc<ConnectionFaults>>,
+    mut armed: mpsc::UnboundedReceiver<(Dir, Instant)>,
+) {
+    // Per direction: when a timeout toxic's hold began, and when reset_peer was armed.
+    let mut held_since: [Option<Instant>; 2] = [None; 2];
+    let mut armed_at: [Option<Instant>; 2] = [None; 2];
+    let now = Instant::now();
+    for d in [Dir::Upstream, Dir::Downstream] {
+        if live.faults.direction(d).hold.is_some() {
+            held_since[d as usize] = Some(now);
+        }
+    }
+    loop {
+        let current = faults.borrow().clone();
+        let mut deadline: Option<Instant> = None;
+        for d in [Dir::Upstream, Dir::Downstream] {
+            let f = current.direction(d);
+            let i = d as usize;
+            if let (Some(Some(limit)), Some(since)) = (f.hold, held_since[i]) {
+                deadline = Some(deadline.map_or(since + limit, |x| x.min(since + limit)));
+            }
+            if let (Some(after), Some(at)) = (f.reset_after, armed_at[i]) {
+                deadline = Some(deadline.map_or(at + after, |x| x.min(at + after)));
+            }
+        }
+        let expire = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = live.toxics.changed() => {
+                if changed.is_err() {
+                    // The proxy is gone; its shutdown closes this connection.
+                    return std::future::pending().await;
+                }
+                let list = live.toxics.borrow_and_update().clone();
+                let next = toxic::resolve(&live.base, &list, &mut live.draws);
+                let now = Instant::now();
+                for d in [Dir::Upstream, Dir::Downstream] {
+                    let (before, after) = (current.direction(d), next.direction(d));
+                    let i = d as usize;
+                    match (before.hold.is_some(), after.hold.is_some()) {
+                        (false, true) => held_since[i] = Some(now),
+                        (_, false) => held_since[i] = None,
+                        _ => {}
+                    }
+                    if after.reset_after.is_none() {
+                        armed_at[i] = None;
+                    }
+                }
+                faults.send_replace(Arc::new(next));
+            }
+            Some((d, at)) = armed.recv() => {
+                armed_at[d as usize].get_or_insert(at);
+            }
+            () = expire => return,
+        }
     }
 }
 
@@ -115,19 +239,22 @@ enum Release {
     Data(Instant, Bytes),
     Fin(Instant),
     Reset(Instant),
+    /// limit_data reached: FIN after the data before it, then close the whole connection.
+    Close(Instant),
 }
 
 impl Release {
     fn at(&self) -> Instant {
         match *self {
-            Release::Data(at, _) | Release::Fin(at) | Release::Reset(at) => at,
+            Release::Data(at, _) | Release::Fin(at) | Release::Reset(at) | Release::Close(at) => at,
         }
     }
 }
 
 /// One scheduled direction: the queue between its reader and writer.
 struct Direction<'a> {
-    /// Releases in non-decreasing time order (the model guarantees it).
+    which: Dir,
+    /// Releases in non-decreasing time order (the model guarantees it, and slices keep it).
     queue: Mutex<VecDeque<Release>>,
     /// Wakes the writer when the queue was empty and now is not.
     pushed: Notify,
@@ -138,9 +265,25 @@ struct Direction<'a> {
     stats: &'a DirectionStats,
 }
 
+/// A direction's view of its connection's live toxics.
+struct LiveDirection {
+    /// What applies now; the reader and the writer each keep a receiver.
+    faults: watch::Receiver<Arc<ConnectionFaults>>,
+    /// The reader's copy of this direction's part.
+    current: DirectionFaults,
+    slicer_rng: ChaCha8Rng,
+    /// Tells the supervisor when reset_peer saw its first bytes.
+    armed: mpsc::UnboundedSender<(Dir, Instant)>,
+    /// Bytes carried so far, for limit_data.
+    carried: u64,
+    /// The last slice's release: later bytes wait for it, as behind a real slow sender.
+    slice_floor: Option<Instant>,
+}
+
 impl<'a> Direction<'a> {
-    fn new(window: usize, epoch: Instant, stats: &'a DirectionStats) -> Self {
+    fn new(which: Dir, window: usize, epoch: Instant, stats: &'a DirectionStats) -> Self {
         Direction {
+            which,
             queue: Mutex::new(VecDeque::new()),
             pushed: Notify::new(),
             window: Semaphore::new(window.max(READ_CHUNK)),
@@ -157,7 +300,7 @@ impl<'a> Direction<'a> {
         self.pushed.notify_one();
     }
 
-    async fn read(&self, src: &TcpStream, model: &mut LinkModel) {
+    async fn read(&self, src: &TcpStream, model: &mut LinkModel, mut live: Option<LiveDirection>) {
         let mut segments = Vec::new();
         loop {
             // Reserve room for a full read first: when the window is full we stop reading, and
@@ -172,8 +315,16 @@ impl<'a> Direction<'a> {
                 other => (other.map(|_| None), Instant::now()),
             };
             let now = arrived.saturating_duration_since(self.epoch);
+            if let Some(l) = &mut live {
+                l.catch_up(self.which, model, arrived);
+            }
+            let slow_close = live
+                .as_ref()
+                .map_or(Duration::ZERO, |l| l.current.slow_close);
             match read {
-                Ok(Some(bytes)) => {
+                Ok(Some(mut bytes)) => {
+                    // limit_data: carry what is left of the limit, then close.
+                    let limit_reached = live.as_mut().is_some_and(|l| l.clip(&mut bytes));
                     self.window.add_permits(READ_CHUNK - bytes.len());
                     segments.clear();
                     model.send(now, bytes.len(), &mut segments);
@@ -181,7 +332,16 @@ impl<'a> Direction<'a> {
                     if lost > 0 {
                         self.stats.stalls.fetch_add(lost, Ordering::Relaxed);
                     }
-                    self.push(coalesce(&segments, bytes, self.epoch));
+                    let mut releases = coalesce(&segments, bytes, self.epoch);
+                    if let Some(l) = &mut live {
+                        releases = l.slice(releases);
+                    }
+                    if limit_reached {
+                        let at = releases.last().map_or(arrived, Release::at);
+                        releases.push(Release::Close(at));
+                        return self.push(releases);
+                    }
+                    self.push(releases);
                 }
                 Ok(None) => {
                     self.window.add_permits(READ_CHUNK);
@@ -189,7 +349,7 @@ impl<'a> Direction<'a> {
                     if fin.lost {
                         self.stats.stalls.fetch_add(1, Ordering::Relaxed);
                     }
-                    return self.push([Release::Fin(self.epoch + fin.release)]);
+                    return self.push([Release::Fin(self.epoch + fin.release + slow_close)]);
                 }
                 Err(e) => {
                     tracing::debug!("read failed ({e}); propagating a reset");
@@ -199,7 +359,13 @@ impl<'a> Direction<'a> {
         }
     }
 
-    async fn write(&self, dst: &TcpStream, src: &TcpStream, abort: &CancellationToken) {
+    async fn write(
+        &self,
+        dst: &TcpStream,
+        src: &TcpStream,
+        abort: &CancellationToken,
+        mut hold: Option<watch::Receiver<Arc<ConnectionFaults>>>,
+    ) {
         let mut batch: VecDeque<Bytes> = VecDeque::new();
         loop {
             let head = self
@@ -213,6 +379,15 @@ impl<'a> Direction<'a> {
                 continue;
             };
             sleep_until(at).await;
+            if let Some(rx) = &mut hold {
+                // A timeout toxic holds the bytes (back-pressure does the rest) until it goes.
+                if rx.borrow_and_update().direction(self.which).hold.is_some() {
+                    if rx.changed().await.is_err() {
+                        hold = None;
+                    }
+                    continue;
+                }
+            }
             self.stats
                 .record_lateness(Instant::now().saturating_duration_since(at));
             let mut end = None;
@@ -238,9 +413,76 @@ impl<'a> Direction<'a> {
             match end {
                 Some(Release::Fin(_)) => return shutdown_write(dst),
                 Some(Release::Reset(_)) => return reset_and_abort(dst, abort),
+                Some(Release::Close(_)) => {
+                    shutdown_write(dst);
+                    abort.cancel();
+                    return;
+                }
                 _ => {}
             }
         }
+    }
+}
+
+impl LiveDirection {
+    /// Applies toxic changes published since the last read, and arms reset_peer on the first
+    /// bytes (or end of stream) seen under it.
+    fn catch_up(&mut self, which: Dir, model: &mut LinkModel, arrived: Instant) {
+        if self.faults.has_changed().unwrap_or(false) {
+            let faults = self.faults.borrow_and_update().clone();
+            self.current = faults.direction(which).clone();
+            model.retune(&self.current.link, faults.timing);
+        }
+        if self.current.reset_after.is_some() {
+            let _ = self.armed.send((which, arrived));
+        }
+    }
+
+    /// Cuts `bytes` to what limit_data still allows; true when the limit is reached.
+    fn clip(&mut self, bytes: &mut Bytes) -> bool {
+        let Some(limit) = self.current.limit else {
+            self.carried += bytes.len() as u64;
+            return false;
+        };
+        let allowed = limit.saturating_sub(self.carried);
+        if (bytes.len() as u64) < allowed {
+            self.carried += bytes.len() as u64;
+            return false;
+        }
+        bytes.truncate(allowed as usize);
+        self.carried = limit;
+        true
+    }
+
+    /// The slicer toxic: each release cut into pieces `delay` apart.
+    fn slice(&mut self, releases: Vec<Release>) -> Vec<Release> {
+        let floor = |at: Instant, floor: Option<Instant>| floor.map_or(at, |f| at.max(f));
+        let Some(slicer) = self.current.slicer else {
+            if self.slice_floor.is_none() {
+                return releases;
+            }
+            return releases
+                .into_iter()
+                .map(|r| match r {
+                    Release::Data(at, b) => Release::Data(floor(at, self.slice_floor), b),
+                    other => other,
+                })
+                .collect();
+        };
+        let mut out = Vec::new();
+        for r in releases {
+            let Release::Data(at, mut bytes) = r else {
+                out.push(r);
+                continue;
+            };
+            let mut t = floor(at, self.slice_floor);
+            for piece in toxic::slice(bytes.len(), &slicer, &mut self.slicer_rng) {
+                out.push(Release::Data(t, bytes.split_to(piece)));
+                self.slice_floor = Some(t);
+                t += slicer.delay;
+            }
+        }
+        out
     }
 }
 

@@ -1,5 +1,6 @@
 //! faultrig's integration tests: one binary, one module per area, shared helpers in `util`.
 
+mod api;
 mod cli;
 mod downstream;
 mod flavours;

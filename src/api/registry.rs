@@ -1,0 +1,502 @@
+//! The named proxies the control API manages: each a fault proxy with its listener, upstream,
+//! toxics and counters, started, stopped and edited as Toxiproxy's API says.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::{watch, Mutex};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::toxics::ToxicEntry;
+use super::ApiError;
+use crate::fault::Direction;
+use crate::profile::Profile;
+use crate::proxy::{Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_WINDOW};
+use crate::toxic::Toxic;
+
+/// Where a proxy listens when a request leaves `listen` empty: loopback, a free port (Toxiproxy
+/// would listen on every interface; we are safe by default).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
+
+/// Settings every managed proxy shares.
+#[derive(Clone, Debug)]
+pub struct RegistryOptions {
+    /// Run seed: with the name and connection number it keys every fault stream.
+    pub seed: u64,
+    /// Bytes buffered per direction (see [`ProxyOptions::window`]).
+    pub window: usize,
+    pub connect_timeout: Duration,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            seed: 0,
+            window: DEFAULT_WINDOW,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What creating a proxy takes.
+#[derive(Clone, Debug)]
+pub struct ProxySpec {
+    pub name: String,
+    pub listen: String,
+    pub upstream: String,
+    pub enabled: bool,
+    /// The proxy's own impairment under its toxics (`local` over the API; `--profile` for the
+    /// proxy named on the command line).
+    pub base: Profile,
+}
+
+impl ProxySpec {
+    /// From a create or populate body; `at` names the entry in a populate list (Toxiproxy's
+    /// "missing required field: name at proxy 2").
+    pub fn from_json(v: &Value, at: Option<usize>) -> Result<ProxySpec, ApiError> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
+        let text = |key: &str| -> Result<String, ApiError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(String::new()),
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(other) => Err(ApiError::bad_body(&format!(
+                    "{key} must be a string, got {other}"
+                ))),
+            }
+        };
+        let missing = |field: &str| {
+            let at = at
+                .map(|i| format!(" at proxy {}", i + 1))
+                .unwrap_or_default();
+            ApiError::new(400, &format!("missing required field: {field}{at}"))
+        };
+        let name = text("name")?;
+        if name.is_empty() {
+            return Err(missing("name"));
+        }
+        let upstream = text("upstream")?;
+        if upstream.is_empty() {
+            return Err(missing("upstream"));
+        }
+        let listen = match text("listen")? {
+            l if l.is_empty() => DEFAULT_LISTEN.to_string(),
+            l => l,
+        };
+        let enabled = match obj.get("enabled") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(ApiError::bad_body(&format!(
+                    "enabled must be true or false, got {other}"
+                )))
+            }
+        };
+        Ok(ProxySpec {
+            name,
+            listen,
+            upstream,
+            enabled,
+            base: Profile::builtin("local").expect("built in"),
+        })
+    }
+}
+
+/// A running proxy's handle.
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+struct Managed {
+    name: String,
+    /// As given until the proxy first listens, then the address it is bound to.
+    listen: String,
+    upstream: String,
+    base: Profile,
+    /// In the order they were added; each direction applies its own in this order.
+    toxics: Vec<ToxicEntry>,
+    /// What connections follow: a change here reaches every live connection.
+    published: watch::Sender<Arc<Vec<Toxic>>>,
+    /// Kept across restarts, so counters cover the proxy's whole life.
+    stats: Arc<ProxyStats>,
+    running: Option<Running>,
+}
+
+impl Managed {
+    fn new(spec: &ProxySpec) -> Managed {
+        Managed {
+            name: spec.name.clone(),
+            listen: spec.listen.clone(),
+            upstream: spec.upstream.clone(),
+            base: spec.base.clone(),
+            toxics: Vec::new(),
+            published: watch::channel(Arc::new(Vec::new())).0,
+            stats: Arc::default(),
+            running: None,
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.running.is_some()
+    }
+
+    async fn start(&mut self, options: &RegistryOptions) -> Result<(), ApiError> {
+        if self.running.is_some() {
+            return Ok(());
+        }
+        let addr = resolve(&self.listen).await?;
+        let listener = crate::net::bind(addr)
+            .map_err(|e| ApiError::new(500, &format!("listen tcp {}: {e}", self.listen)))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| ApiError::new(500, &e.to_string()))?;
+        self.listen = bound.to_string();
+        let proxy = Proxy::with_faults(
+            self.upstream.clone(),
+            Faults::Live {
+                base: self.base.clone(),
+                toxics: self.published.subscribe(),
+            },
+            ProxyOptions {
+                name: self.name.clone(),
+                seed: options.seed,
+                window: options.window,
+                connect_timeout: options.connect_timeout,
+            },
+            self.stats.clone(),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(proxy.run(listener, stop.clone().cancelled_owned()));
+        tracing::info!(proxy = %self.name, listen = %self.listen, upstream = %self.upstream, "started");
+        self.running = Some(Running { stop, task });
+        Ok(())
+    }
+
+    /// Closes the listener and every connection, and returns once they are closed.
+    async fn stop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop.cancel();
+            let _ = r.task.await;
+            tracing::info!(proxy = %self.name, "stopped");
+        }
+    }
+
+    fn publish(&self) {
+        let list = self.toxics.iter().map(|e| e.toxic.clone()).collect();
+        self.published.send_replace(Arc::new(list));
+    }
+
+    fn find_toxic(&self, name: &str) -> Result<usize, ApiError> {
+        self.toxics
+            .iter()
+            .position(|e| e.toxic.name == name)
+            .ok_or_else(|| ApiError::new(404, "toxic not found"))
+    }
+
+    /// Toxics as Toxiproxy lists them: upstream ones first, each direction in order.
+    fn toxics_json(&self) -> Value {
+        let mut list = Vec::new();
+        for d in [Direction::Upstream, Direction::Downstream] {
+            list.extend(
+                self.toxics
+                    .iter()
+                    .filter(|e| e.toxic.stream == d)
+                    .map(ToxicEntry::to_json),
+            );
+        }
+        Value::Array(list)
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "listen": self.listen,
+            "upstream": self.upstream,
+            "enabled": self.enabled(),
+            "toxics": self.toxics_json(),
+        })
+    }
+}
+
+async fn resolve(listen: &str) -> Result<SocketAddr, ApiError> {
+    let fail = |why: String| ApiError::new(500, &format!("listen tcp {listen}: {why}"));
+    tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .next()
+        .ok_or_else(|| fail("no address".into()))
+}
+
+/// Every managed proxy, by name.
+pub struct Registry {
+    proxies: Mutex<BTreeMap<String, Managed>>,
+    options: RegistryOptions,
+    /// Toxic revisions: every create and update gets a new one, so connections draw their
+    /// toxicity again.
+    revisions: AtomicU64,
+}
+
+impl Registry {
+    pub fn new(options: RegistryOptions) -> Registry {
+        Registry {
+            proxies: Mutex::new(BTreeMap::new()),
+            options,
+            revisions: AtomicU64::new(0),
+        }
+    }
+
+    fn revision(&self) -> u64 {
+        self.revisions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `GET /proxies`: name → proxy.
+    pub async fn list(&self) -> Value {
+        let proxies = self.proxies.lock().await;
+        Value::Object(
+            proxies
+                .iter()
+                .map(|(name, p)| (name.clone(), p.to_json()))
+                .collect(),
+        )
+    }
+
+    /// `POST /proxies`.
+    pub async fn create(&self, spec: ProxySpec) -> Result<Value, ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        if proxies.contains_key(&spec.name) {
+            return Err(ApiError::new(409, "proxy already exists"));
+        }
+        let mut p = Managed::new(&spec);
+        if spec.enabled {
+            p.start(&self.options).await?;
+        }
+        let json = p.to_json();
+        proxies.insert(spec.name, p);
+        Ok(json)
+    }
+
+    /// `POST /populate`: creates or replaces each proxy; one whose listen and upstream are
+    /// unchanged keeps running with its toxics. On an error, the proxies done so far stay.
+    pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
+        let mut proxies = self.proxies.lock().await;
+        let mut done = Vec::new();
+        for spec in specs {
+            if let Some(existing) = proxies.get_mut(&spec.name) {
+                if existing.upstream == spec.upstream && same_listen(&existing.listen, &spec.listen)
+                {
+                    if spec.enabled {
+                        if let Err(e) = existing.start(&self.options).await {
+                            return Err((e, Value::Array(done)));
+                        }
+                    } else {
+                        existing.stop().await;
+                    }
+                    done.push(existing.to_json());
+                    continue;
+                }
+                existing.stop().await;
+                proxies.remove(&spec.name);
+            }
+            let mut p = Managed::new(&spec);
+            if spec.enabled {
+                if let Err(e) = p.start(&self.options).await {
+                    return Err((e, Value::Array(done)));
+                }
+            }
+            done.push(p.to_json());
+            proxies.insert(spec.name, p);
+        }
+        Ok(json!({ "proxies": done }))
+    }
+
+    /// `GET /proxies/{name}`.
+    pub async fn get(&self, name: &str) -> Result<Value, ApiError> {
+        let proxies = self.proxies.lock().await;
+        Ok(found(proxies.get(name))?.to_json())
+    }
+
+    /// `POST|PATCH /proxies/{name}`: a partial update. A new listen or upstream restarts the
+    /// proxy (its connections close); `enabled` starts or stops it; toxics stay.
+    pub async fn update(&self, name: &str, body: &Value) -> Result<Value, ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        let p = found(proxies.get_mut(name))?;
+        let obj = body
+            .as_object()
+            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
+        let text = |key: &str, current: &str| -> Result<String, ApiError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(current.to_string()),
+                Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                Some(Value::String(_)) if key == "listen" => Ok(DEFAULT_LISTEN.to_string()),
+                Some(other) => Err(ApiError::bad_body(&format!(
+                    "{key} must be a non-empty string, got {other}"
+                ))),
+            }
+        };
+        let listen = text("listen", &p.listen)?;
+        let upstream = text("upstream", &p.upstream)?;
+        let enabled = match obj.get("enabled") {
+            None | Some(Value::Null) => p.enabled(),
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(ApiError::bad_body(&format!(
+                    "enabled must be true or false, got {other}"
+                )))
+            }
+        };
+        if !same_listen(&p.listen, &listen) || upstream != p.upstream {
+            let was_running = p.enabled();
+            p.stop().await;
+            p.listen = listen;
+            p.upstream = upstream;
+            if was_running && enabled {
+                p.start(&self.options).await?;
+            }
+        }
+        if enabled {
+            p.start(&self.options).await?;
+        } else {
+            p.stop().await;
+        }
+        Ok(p.to_json())
+    }
+
+    /// `DELETE /proxies/{name}`.
+    pub async fn delete(&self, name: &str) -> Result<(), ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        let mut p = proxies
+            .remove(name)
+            .ok_or_else(|| ApiError::new(404, "proxy not found"))?;
+        p.stop().await;
+        Ok(())
+    }
+
+    /// `POST /reset`: every proxy enabled, every toxic removed.
+    pub async fn reset(&self) -> Result<(), ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        for p in proxies.values_mut() {
+            p.start(&self.options).await?;
+            p.toxics.clear();
+            p.publish();
+        }
+        Ok(())
+    }
+
+    /// `GET /proxies/{name}/toxics`.
+    pub async fn toxics(&self, name: &str) -> Result<Value, ApiError> {
+        let proxies = self.proxies.lock().await;
+        Ok(found(proxies.get(name))?.toxics_json())
+    }
+
+    /// `POST /proxies/{name}/toxics`; the toxic reaches live connections at once.
+    pub async fn add_toxic(
+        &self,
+        name: &str,
+        body: Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        let p = found(proxies.get_mut(name))?;
+        let entry = ToxicEntry::create(&body?, self.revision())?;
+        if p.toxics.iter().any(|e| e.toxic.name == entry.toxic.name) {
+            return Err(ApiError::new(409, "toxic already exists"));
+        }
+        let json = entry.to_json();
+        p.toxics.push(entry);
+        p.publish();
+        Ok(json)
+    }
+
+    /// `GET /proxies/{name}/toxics/{toxic}`.
+    pub async fn get_toxic(&self, name: &str, toxic: &str) -> Result<Value, ApiError> {
+        let proxies = self.proxies.lock().await;
+        let p = found(proxies.get(name))?;
+        Ok(p.toxics[p.find_toxic(toxic)?].to_json())
+    }
+
+    /// `POST|PATCH /proxies/{name}/toxics/{toxic}`: omitted attributes keep their values.
+    pub async fn update_toxic(
+        &self,
+        name: &str,
+        toxic: &str,
+        body: Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        let p = found(proxies.get_mut(name))?;
+        let i = p.find_toxic(toxic)?;
+        let next = p.toxics[i].update(&body?, self.revision())?;
+        let json = next.to_json();
+        p.toxics[i] = next;
+        p.publish();
+        Ok(json)
+    }
+
+    /// `DELETE /proxies/{name}/toxics/{toxic}`.
+    pub async fn delete_toxic(&self, name: &str, toxic: &str) -> Result<(), ApiError> {
+        let mut proxies = self.proxies.lock().await;
+        let p = found(proxies.get_mut(name))?;
+        let i = p.find_toxic(toxic)?;
+        p.toxics.remove(i);
+        p.publish();
+        Ok(())
+    }
+
+    /// Every proxy's counters and toxics, for `/metrics`.
+    pub async fn snapshot(&self) -> Vec<ProxyMetrics> {
+        let proxies = self.proxies.lock().await;
+        proxies
+            .values()
+            .map(|p| ProxyMetrics {
+                name: p.name.clone(),
+                enabled: p.enabled(),
+                stats: p.stats.snapshot(),
+                toxics: p
+                    .toxics
+                    .iter()
+                    .map(|e| (e.toxic.kind.type_name(), e.toxic.stream))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Stops every proxy (the API is shutting down).
+    pub async fn stop_all(&self) {
+        let mut proxies = self.proxies.lock().await;
+        for p in proxies.values_mut() {
+            p.stop().await;
+        }
+    }
+}
+
+/// One proxy's figures for `/metrics`.
+pub struct ProxyMetrics {
+    pub name: String,
+    pub enabled: bool,
+    pub stats: crate::proxy::StatsSnapshot,
+    pub toxics: Vec<(&'static str, Direction)>,
+}
+
+fn found<T>(p: Option<T>) -> Result<T, ApiError> {
+    p.ok_or_else(|| ApiError::new(404, "proxy not found"))
+}
+
+/// Whether a requested listen address is the one a proxy has: equal strings, or a request for
+/// port 0 on the host it is bound to (so populating the same file twice keeps proxies running).
+fn same_listen(current: &str, requested: &str) -> bool {
+    if current == requested {
+        return true;
+    }
+    match (
+        current.parse::<SocketAddr>(),
+        requested.parse::<SocketAddr>(),
+    ) {
+        (Ok(c), Ok(r)) => r.port() == 0 && c.ip() == r.ip(),
+        _ => false,
+    }
+}

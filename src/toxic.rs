@@ -1,0 +1,514 @@
+//! Toxics: faults switched on and off while a proxy runs, in Toxiproxy's vocabulary, and what
+//! they amount to for one connection. Pure, like [`crate::fault`]: the control API edits a list
+//! of [`Toxic`]s, and each connection [`resolve`]s that list against its own toxicity draws into
+//! link parameters for the model plus the few connection-level effects the pipe carries out.
+//!
+//! How Toxiproxy's toxics map onto our model (nothing is ever silently dropped):
+//! - `latency`: delay + uniform jitter in the model, so it keeps throughput (a delayed stream is
+//!   not a slower one);
+//! - `bandwidth`: the model's token bucket (KB/s, 1 KB = 1000 bytes, as Toxiproxy);
+//! - `loss` (ours): the packet-drop-like stall of the model, Bernoulli or Gilbert–Elliott;
+//! - `syn_loss` (ours): lost SYN / SYN-ACKs for new connections;
+//! - `profile` (ours): a whole named profile's impairment for this direction;
+//! - `slicer`: each chunk is cut into pieces written `delay` µs apart;
+//! - `slow_close`: the FIN waits `delay` ms;
+//! - `timeout`: bytes are held, not dropped (they flow again if the toxic goes away); after
+//!   `timeout` ms (0 = never) the connection is reset, since held bytes cannot be delivered;
+//! - `reset_peer`: `timeout` ms after the first bytes seen under the toxic, both ends are reset;
+//! - `limit_data`: after `bytes` bytes the direction is closed and the connection with it.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::fault::{Direction, PathTiming};
+use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile};
+
+/// One toxic as the API holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Toxic {
+    pub name: String,
+    pub kind: ToxicKind,
+    /// The direction of the bytes it affects.
+    pub stream: Direction,
+    /// Probability that a connection suffers it, drawn once per connection (and again when the
+    /// toxic is updated), as in Toxiproxy.
+    pub toxicity: f32,
+    /// Bumped on every update, so connections draw their toxicity again.
+    pub revision: u64,
+}
+
+/// What a toxic does, with Toxiproxy's units.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToxicKind {
+    Latency {
+        latency_ms: u64,
+        jitter_ms: u64,
+    },
+    Bandwidth {
+        rate_kb_s: u64,
+    },
+    SlowClose {
+        delay_ms: u64,
+    },
+    Timeout {
+        timeout_ms: u64,
+    },
+    ResetPeer {
+        timeout_ms: u64,
+    },
+    Slicer {
+        average_size: u64,
+        size_variation: u64,
+        delay_us: u64,
+    },
+    LimitData {
+        bytes: u64,
+    },
+    /// Segment loss turned into retransmission stalls.
+    Loss {
+        loss: LossProcess,
+    },
+    /// Lost SYNs (upstream) or SYN-ACKs (downstream) of new connections.
+    SynLoss {
+        probability: f64,
+    },
+    /// A whole profile's impairment of this direction (and its connection set-up).
+    Profile {
+        profile: Box<Profile>,
+    },
+    Noop,
+}
+
+impl ToxicKind {
+    /// The `type` name on the API.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ToxicKind::Latency { .. } => "latency",
+            ToxicKind::Bandwidth { .. } => "bandwidth",
+            ToxicKind::SlowClose { .. } => "slow_close",
+            ToxicKind::Timeout { .. } => "timeout",
+            ToxicKind::ResetPeer { .. } => "reset_peer",
+            ToxicKind::Slicer { .. } => "slicer",
+            ToxicKind::LimitData { .. } => "limit_data",
+            ToxicKind::Loss { .. } => "loss",
+            ToxicKind::SynLoss { .. } => "syn_loss",
+            ToxicKind::Profile { .. } => "profile",
+            ToxicKind::Noop => "noop",
+        }
+    }
+}
+
+/// How the slicer cuts a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slicer {
+    pub average_size: u64,
+    pub size_variation: u64,
+    pub delay: Duration,
+}
+
+/// What one direction of one connection suffers right now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirectionFaults {
+    /// The model's parameters.
+    pub link: LinkParams,
+    /// Extra wait before the FIN is delivered.
+    pub slow_close: Duration,
+    /// `timeout` toxic: bytes are held; `Some(d)` resets the connection `d` after it applied.
+    pub hold: Option<Option<Duration>>,
+    /// `reset_peer` toxic: reset this long after the first bytes seen under it.
+    pub reset_after: Option<Duration>,
+    pub slicer: Option<Slicer>,
+    /// `limit_data` toxic: bytes this direction may carry in all before it closes.
+    pub limit: Option<u64>,
+}
+
+impl DirectionFaults {
+    fn new(link: LinkParams) -> DirectionFaults {
+        DirectionFaults {
+            link,
+            slow_close: Duration::ZERO,
+            hold: None,
+            reset_after: None,
+            slicer: None,
+            limit: None,
+        }
+    }
+}
+
+/// Everything one connection suffers right now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionFaults {
+    /// Profile to build the connection's model from: the base, with the active toxics applied.
+    pub profile: Profile,
+    pub upstream: DirectionFaults,
+    pub downstream: DirectionFaults,
+    /// `syn_loss` toxics: the handshake's loss process, when set.
+    pub handshake_loss: Option<LossProcess>,
+    pub timing: PathTiming,
+}
+
+impl ConnectionFaults {
+    pub fn direction(&self, d: Direction) -> &DirectionFaults {
+        match d {
+            Direction::Upstream => &self.upstream,
+            Direction::Downstream => &self.downstream,
+        }
+    }
+}
+
+/// A connection's toxicity draws: one per (toxic, revision), kept for the connection's life.
+#[derive(Debug)]
+pub struct Draws {
+    rng: ChaCha8Rng,
+    drawn: Vec<(String, u64, bool)>,
+}
+
+impl Draws {
+    pub fn new(rng: ChaCha8Rng) -> Draws {
+        Draws {
+            rng,
+            drawn: Vec::new(),
+        }
+    }
+
+    /// Whether `toxic` applies to this connection; drawn on first sight of each revision.
+    pub fn applies(&mut self, toxic: &Toxic) -> bool {
+        if let Some(&(_, _, on)) = self
+            .drawn
+            .iter()
+            .find(|(n, r, _)| *n == toxic.name && *r == toxic.revision)
+        {
+            return on;
+        }
+        let on = self.rng.random::<f32>() < toxic.toxicity;
+        self.drawn.retain(|(n, _, _)| *n != toxic.name);
+        self.drawn.push((toxic.name.clone(), toxic.revision, on));
+        on
+    }
+}
+
+/// What `toxics` do to a connection of a proxy whose own impairment is `base`, given its draws.
+/// Toxics apply in list order: a `profile` toxic replaces what came before it in its direction,
+/// latencies add up, the slowest bandwidth wins, loss probabilities combine as independent.
+pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> ConnectionFaults {
+    let mut profile = base.clone();
+    let mut up = DirectionFaults::new(base.upstream.clone());
+    let mut down = DirectionFaults::new(base.downstream.clone());
+    let mut handshake_loss = None;
+    for toxic in toxics {
+        if !draws.applies(toxic) {
+            continue;
+        }
+        let d = match toxic.stream {
+            Direction::Upstream => &mut up,
+            Direction::Downstream => &mut down,
+        };
+        match &toxic.kind {
+            ToxicKind::Latency {
+                latency_ms,
+                jitter_ms,
+            } => {
+                d.link.delay += Duration::from_millis(*latency_ms);
+                // Toxiproxy's jitter is uniform on ±jitter; several add their widths.
+                if *jitter_ms > 0 {
+                    d.link.jitter_distribution = JitterDistribution::Uniform;
+                    d.link.jitter += Duration::from_millis(*jitter_ms);
+                }
+            }
+            ToxicKind::Bandwidth { rate_kb_s } if *rate_kb_s > 0 => {
+                let bps = rate_kb_s.saturating_mul(8000);
+                d.link.rate_bps = Some(d.link.rate_bps.map_or(bps, |r| r.min(bps)));
+            }
+            ToxicKind::Bandwidth { .. } => {}
+            ToxicKind::SlowClose { delay_ms } => {
+                d.slow_close += Duration::from_millis(*delay_ms);
+            }
+            ToxicKind::Timeout { timeout_ms } => {
+                d.hold = Some((*timeout_ms > 0).then(|| Duration::from_millis(*timeout_ms)));
+            }
+            ToxicKind::ResetPeer { timeout_ms } => {
+                d.reset_after = Some(Duration::from_millis(*timeout_ms));
+            }
+            ToxicKind::Slicer {
+                average_size,
+                size_variation,
+                delay_us,
+            } => {
+                d.slicer = Some(Slicer {
+                    average_size: (*average_size).max(1),
+                    size_variation: *size_variation,
+                    delay: Duration::from_micros(*delay_us),
+                });
+            }
+            ToxicKind::LimitData { bytes } => {
+                d.limit = Some(d.limit.map_or(*bytes, |l| l.min(*bytes)));
+            }
+            ToxicKind::Loss { loss } => d.link.loss = combine_loss(d.link.loss, *loss),
+            ToxicKind::SynLoss { probability } => {
+                handshake_loss = Some(combine_loss(
+                    handshake_loss.unwrap_or(LossProcess::None),
+                    LossProcess::Bernoulli { p: *probability },
+                ));
+            }
+            ToxicKind::Profile { profile: p } => {
+                d.link = match toxic.stream {
+                    Direction::Upstream => p.upstream.clone(),
+                    Direction::Downstream => p.downstream.clone(),
+                };
+                profile.connect = p.connect.clone();
+            }
+            ToxicKind::Noop => {}
+        }
+    }
+    profile.upstream = up.link.clone();
+    profile.downstream = down.link.clone();
+    ConnectionFaults {
+        timing: PathTiming::of(&profile),
+        profile,
+        upstream: up,
+        downstream: down,
+        handshake_loss,
+    }
+}
+
+/// Two loss processes at once. Bernoulli ones combine exactly (lost by either); a
+/// Gilbert–Elliott process is kept whole and the other one dropped, since their product is
+/// not a Gilbert–Elliott process.
+fn combine_loss(a: LossProcess, b: LossProcess) -> LossProcess {
+    match (a, b) {
+        (LossProcess::None, x) | (x, LossProcess::None) => x,
+        (LossProcess::Bernoulli { p: p1 }, LossProcess::Bernoulli { p: p2 }) => {
+            LossProcess::Bernoulli {
+                p: 1.0 - (1.0 - p1) * (1.0 - p2),
+            }
+        }
+        (_, ge @ LossProcess::GilbertElliott { .. }) => ge,
+        (ge @ LossProcess::GilbertElliott { .. }, _) => ge,
+    }
+}
+
+/// Cuts `len` bytes into slicer pieces: sizes uniform in `average ± variation` (at least 1).
+pub fn slice(len: usize, slicer: &Slicer, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut pieces = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let avg = slicer.average_size as i64;
+        let var = slicer.size_variation.min(slicer.average_size) as i64;
+        let size = if var > 0 {
+            rng.random_range(avg - var..=avg + var)
+        } else {
+            avg
+        };
+        let size = (size.max(1) as usize).min(left);
+        pieces.push(size);
+        left -= size;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::{stream_rng, LinkModel, Segment};
+    use rand::SeedableRng;
+
+    fn toxic(name: &str, stream: Direction, kind: ToxicKind) -> Toxic {
+        Toxic {
+            name: name.into(),
+            kind,
+            stream,
+            toxicity: 1.0,
+            revision: 0,
+        }
+    }
+
+    fn draws() -> Draws {
+        Draws::new(ChaCha8Rng::seed_from_u64(1))
+    }
+
+    fn local() -> Profile {
+        Profile::builtin("local").unwrap()
+    }
+
+    #[test]
+    fn toxics_compose_per_direction() {
+        let toxics = [
+            toxic(
+                "l1",
+                Direction::Downstream,
+                ToxicKind::Latency {
+                    latency_ms: 100,
+                    jitter_ms: 10,
+                },
+            ),
+            toxic(
+                "l2",
+                Direction::Downstream,
+                ToxicKind::Latency {
+                    latency_ms: 50,
+                    jitter_ms: 0,
+                },
+            ),
+            toxic(
+                "b1",
+                Direction::Upstream,
+                ToxicKind::Bandwidth { rate_kb_s: 100 },
+            ),
+            toxic(
+                "b2",
+                Direction::Upstream,
+                ToxicKind::Bandwidth { rate_kb_s: 50 },
+            ),
+            toxic(
+                "loss",
+                Direction::Upstream,
+                ToxicKind::Loss {
+                    loss: LossProcess::Bernoulli { p: 0.5 },
+                },
+            ),
+            toxic(
+                "loss2",
+                Direction::Upstream,
+                ToxicKind::Loss {
+                    loss: LossProcess::Bernoulli { p: 0.5 },
+                },
+            ),
+            toxic(
+                "cut",
+                Direction::Downstream,
+                ToxicKind::LimitData { bytes: 10 },
+            ),
+            toxic(
+                "hold",
+                Direction::Upstream,
+                ToxicKind::Timeout { timeout_ms: 0 },
+            ),
+        ];
+        let f = resolve(&local(), &toxics, &mut draws());
+        assert_eq!(f.downstream.link.delay, Duration::from_millis(150));
+        assert_eq!(f.downstream.link.jitter, Duration::from_millis(10));
+        assert_eq!(f.upstream.link.delay, Duration::ZERO);
+        assert_eq!(f.upstream.link.rate_bps, Some(400_000), "50 KB/s");
+        assert_eq!(f.upstream.link.loss, LossProcess::Bernoulli { p: 0.75 });
+        assert_eq!(f.downstream.limit, Some(10));
+        assert_eq!(f.upstream.hold, Some(None), "held forever");
+        assert_eq!(f.timing.rtt, Duration::from_millis(150));
+        assert_eq!(f.profile.downstream, f.downstream.link);
+    }
+
+    #[test]
+    fn a_profile_toxic_brings_its_direction_and_set_up() {
+        let lossy = Profile::builtin("lossy-10ms-1pct").unwrap();
+        let toxics = [
+            toxic(
+                "p",
+                Direction::Upstream,
+                ToxicKind::Profile {
+                    profile: Box::new(lossy.clone()),
+                },
+            ),
+            toxic(
+                "syn",
+                Direction::Upstream,
+                ToxicKind::SynLoss { probability: 0.2 },
+            ),
+        ];
+        let f = resolve(&local(), &toxics, &mut draws());
+        assert_eq!(f.upstream.link, lossy.upstream);
+        assert_eq!(f.downstream.link, local().downstream);
+        assert_eq!(f.profile.connect, lossy.connect);
+        assert_eq!(f.handshake_loss, Some(LossProcess::Bernoulli { p: 0.2 }));
+    }
+
+    /// Toxicity is a per-connection draw: over many connections the share that suffers a toxic
+    /// matches it, a connection keeps its draw, and an update draws again.
+    #[test]
+    fn toxicity_is_drawn_once_per_connection_and_revision() {
+        let mut t = toxic(
+            "lat",
+            Direction::Downstream,
+            ToxicKind::Latency {
+                latency_ms: 1,
+                jitter_ms: 0,
+            },
+        );
+        t.toxicity = 0.3;
+        let n = 20_000;
+        let mut hit = 0;
+        for i in 0..n {
+            let mut d = Draws::new(stream_rng(9, "p", i, Direction::Upstream));
+            let first = d.applies(&t);
+            for _ in 0..5 {
+                assert_eq!(d.applies(&t), first, "kept for the connection");
+            }
+            hit += u32::from(first);
+        }
+        // 99 % binomial interval around 0.3 · 20,000 = 6000: ± 2.576·√(n·p·q) ≈ ± 167.
+        assert!((hit as i64 - 6000).abs() < 167, "{hit}");
+        let mut d = draws();
+        let mut changed = 0;
+        for revision in 0..1000 {
+            t.revision = revision;
+            let before = d.applies(&t);
+            t.revision = revision + 1;
+            changed += u32::from(d.applies(&t) != before);
+        }
+        assert!(changed > 300, "updates draw again: {changed}");
+        t.toxicity = 0.0;
+        t.revision = 99_999;
+        assert!(!d.applies(&t));
+        t.toxicity = 1.0;
+        t.revision = 100_000;
+        assert!(d.applies(&t));
+    }
+
+    #[test]
+    fn slices_add_up_and_stay_in_bounds() {
+        let s = Slicer {
+            average_size: 100,
+            size_variation: 30,
+            delay: Duration::ZERO,
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for len in [1, 99, 100, 1000, 65_536] {
+            let pieces = slice(len, &s, &mut rng);
+            assert_eq!(pieces.iter().sum::<usize>(), len);
+            let (last, rest) = pieces.split_last().unwrap();
+            assert!(rest.iter().all(|&p| (70..=130).contains(&p)), "{pieces:?}");
+            assert!(*last <= 130);
+        }
+    }
+
+    /// Retuning a live direction never lets later bytes overtake earlier ones.
+    #[test]
+    fn retuning_keeps_releases_in_order() {
+        let slow = resolve(
+            &local(),
+            &[toxic(
+                "l",
+                Direction::Downstream,
+                ToxicKind::Latency {
+                    latency_ms: 500,
+                    jitter_ms: 0,
+                },
+            )],
+            &mut draws(),
+        );
+        let fast = resolve(&local(), &[], &mut draws());
+        let mut m = LinkModel::new(
+            &slow.downstream.link,
+            slow.timing,
+            ChaCha8Rng::seed_from_u64(1),
+        );
+        let mut segs: Vec<Segment> = Vec::new();
+        m.send(Duration::ZERO, 100, &mut segs);
+        assert_eq!(segs[0].release, Duration::from_millis(500));
+        m.retune(&fast.downstream.link, fast.timing);
+        m.send(Duration::from_millis(1), 100, &mut segs);
+        assert_eq!(segs[1].release, Duration::from_millis(500), "held behind");
+        m.send(Duration::from_millis(600), 100, &mut segs);
+        assert_eq!(segs[2].release, Duration::from_millis(600), "then fast");
+    }
+}

@@ -1,0 +1,649 @@
+//! The control API: driven by the published Toxiproxy clients (the Rust crate here, the Python
+//! package through `tests/python/`), every endpoint's error paths, toxics on live connections,
+//! and the metrics.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener as StdListener, TcpStream as StdStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faultrig::api::client::{request, ClientError};
+use faultrig::api::{Registry, RegistryOptions};
+use http::Method;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+use crate::util::*;
+
+/// A blocking echo server on a free loopback port, for the blocking clients.
+fn echo_thread() -> String {
+    let l = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One 64-byte ping-pong on `s`; its round trip.
+fn ping(s: &mut StdStream) -> Duration {
+    let start = Instant::now();
+    s.write_all(&[7u8; 64]).unwrap();
+    let mut buf = [0u8; 64];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(buf, [7u8; 64]);
+    start.elapsed()
+}
+
+/// The published `toxiproxy_rust` client, unmodified, against `faultrig proxy --api`: the
+/// delays it sets are felt on a connection that stays open throughout.
+#[test]
+fn the_toxiproxy_rust_client_drives_faultrig() {
+    use toxiproxy_rust::client::Client;
+    use toxiproxy_rust::proxy::ProxyPack;
+    let api = Listening::start(&["proxy", "--api", "127.0.0.1:0"]);
+    let echo = echo_thread();
+    let client = Client::new(api.addr.as_str());
+    assert!(client.is_running());
+    assert!(client.version().unwrap().contains("faultrig"));
+    let created = client
+        .populate(vec![ProxyPack::new(
+            "echo".into(),
+            "127.0.0.1:0".into(),
+            echo.clone(),
+        )])
+        .unwrap();
+    assert_eq!(created.len(), 1);
+    let proxy = client.find_proxy("echo").unwrap();
+    let listen = proxy.proxy_pack.listen.clone();
+    assert!(
+        !listen.ends_with(":0"),
+        "the bound port is reported: {listen}"
+    );
+    assert!(proxy.proxy_pack.enabled);
+
+    let mut conn = StdStream::connect(&listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert!(ping(&mut conn) < Duration::from_millis(100));
+
+    // A latency toxic reaches the open connection.
+    proxy.with_latency("downstream".into(), 150, 0, 1.0);
+    let toxics = proxy.toxics().unwrap();
+    assert_eq!(toxics.len(), 1);
+    assert_eq!(toxics[0].name, "latency_downstream");
+    assert_eq!(toxics[0].attributes["latency"], 150);
+    let rtt = ping(&mut conn);
+    assert!(rtt >= Duration::from_millis(150), "{rtt:?}");
+    assert!(rtt < Duration::from_secs(2), "{rtt:?}");
+
+    // Updated: the client has no update call, so over the API itself; same connection.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let updated = rt
+        .block_on(request(
+            &api.addr,
+            Method::PATCH,
+            "/proxies/echo/toxics/latency_downstream",
+            Some(&json!({"attributes": {"latency": 400}})),
+        ))
+        .unwrap();
+    assert_eq!(updated["attributes"], json!({"latency": 400, "jitter": 0}));
+    let rtt = ping(&mut conn);
+    assert!(rtt >= Duration::from_millis(400), "{rtt:?}");
+    // And through the client: delete all, add a smaller one.
+    proxy.delete_all_toxics().unwrap();
+    proxy.with_latency("upstream".into(), 50, 0, 1.0);
+    let rtt = ping(&mut conn);
+    assert!(
+        rtt >= Duration::from_millis(50) && rtt < Duration::from_millis(400),
+        "{rtt:?}"
+    );
+
+    // Our loss toxic (through the API; the crate has no helper for it): stalls, counted.
+    rt.block_on(request(
+        &api.addr,
+        Method::POST,
+        "/proxies/echo/toxics",
+        Some(&json!({"type": "loss", "stream": "upstream", "attributes": {"percent": 30}})),
+    ))
+    .unwrap();
+    for _ in 0..40 {
+        ping(&mut conn);
+    }
+    let metrics = rt
+        .block_on(faultrig::api::client::get_text(&api.addr, "/metrics"))
+        .unwrap();
+    let stalls: u64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("faultrig_proxy_stalls_total{proxy=\"echo\",direction=\"upstream\"}")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(stalls > 0, "{metrics}");
+    assert!(proxy.toxics().unwrap().iter().any(|t| t.r#type == "loss"));
+
+    // Disabled: the listener and the connection close; enabled: served again, same port.
+    proxy.disable().unwrap();
+    assert!(!client.find_proxy("echo").unwrap().proxy_pack.enabled);
+    assert!(StdStream::connect(&listen).is_err(), "listener closed");
+    let mut buf = [0u8; 1];
+    let _ = conn.write_all(&[1]);
+    assert!(
+        matches!(conn.read(&mut buf), Ok(0) | Err(_)),
+        "open connection closed"
+    );
+    proxy.enable().unwrap();
+    let mut conn = StdStream::connect(&listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert!(ping(&mut conn) >= Duration::from_millis(50), "toxics kept");
+
+    // Reset: every toxic gone.
+    client.reset().unwrap();
+    assert!(proxy.toxics().unwrap().is_empty());
+    assert!(ping(&mut conn) < Duration::from_millis(50));
+    assert!(client.all().unwrap().contains_key("echo"));
+    proxy.delete().unwrap();
+    assert!(client.find_proxy("echo").is_err());
+}
+
+/// An API in this process on a free port; stopped on drop.
+struct TestApi {
+    addr: String,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn start_api() -> TestApi {
+    let (l, addr) = listener().await;
+    let registry = Arc::new(Registry::new(RegistryOptions {
+        seed: 5,
+        ..RegistryOptions::default()
+    }));
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(faultrig::api::run(l, registry, async move {
+        let _ = stopped.await;
+    }));
+    TestApi {
+        addr: addr.to_string(),
+        _stop: stop,
+    }
+}
+
+impl TestApi {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (u16, String)> {
+        request(&self.addr, method, path, body.as_ref())
+            .await
+            .map_err(|e| match e {
+                ClientError::Api { status, message } => (status, message),
+                other => panic!("{other}"),
+            })
+    }
+
+    /// Creates proxy `name` in front of `upstream`; returns its bound address.
+    async fn proxy(&self, name: &str, upstream: &str) -> String {
+        let p = self
+            .call(
+                Method::POST,
+                "/proxies",
+                Some(json!({"name": name, "upstream": upstream, "listen": "127.0.0.1:0"})),
+            )
+            .await
+            .unwrap();
+        p["listen"].as_str().unwrap().to_string()
+    }
+
+    async fn toxic(&self, proxy: &str, body: Value) -> Value {
+        self.call(
+            Method::POST,
+            &format!("/proxies/{proxy}/toxics"),
+            Some(body),
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn metric(&self, line_prefix: &str) -> u64 {
+        let text = faultrig::api::client::get_text(&self.addr, "/metrics")
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .unwrap_or_else(|| panic!("no {line_prefix} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn every_endpoint_answers_errors_with_toxiproxy_codes() {
+    let api = start_api().await;
+    let echo = {
+        let (l, a) = listener().await;
+        spawn_echo(l);
+        a.to_string()
+    };
+    api.proxy("p", &echo).await;
+    let cases: Vec<(Method, &str, Option<Value>, u16, &str)> = vec![
+        (Method::GET, "/proxies/nope", None, 404, "proxy not found"),
+        (
+            Method::POST,
+            "/proxies/nope",
+            Some(json!({})),
+            404,
+            "proxy not found",
+        ),
+        (
+            Method::PATCH,
+            "/proxies/nope",
+            Some(json!({})),
+            404,
+            "proxy not found",
+        ),
+        (
+            Method::DELETE,
+            "/proxies/nope",
+            None,
+            404,
+            "proxy not found",
+        ),
+        (
+            Method::GET,
+            "/proxies/nope/toxics",
+            None,
+            404,
+            "proxy not found",
+        ),
+        (
+            Method::POST,
+            "/proxies/nope/toxics",
+            Some(json!({"type": "latency"})),
+            404,
+            "proxy not found",
+        ),
+        (
+            Method::GET,
+            "/proxies/p/toxics/nope",
+            None,
+            404,
+            "toxic not found",
+        ),
+        (
+            Method::PATCH,
+            "/proxies/p/toxics/nope",
+            Some(json!({})),
+            404,
+            "toxic not found",
+        ),
+        (
+            Method::DELETE,
+            "/proxies/p/toxics/nope",
+            None,
+            404,
+            "toxic not found",
+        ),
+        (
+            Method::POST,
+            "/proxies",
+            Some(json!({"name": "p", "upstream": echo})),
+            409,
+            "proxy already exists",
+        ),
+        (
+            Method::POST,
+            "/proxies",
+            Some(json!({"upstream": echo})),
+            400,
+            "missing required field: name",
+        ),
+        (
+            Method::POST,
+            "/proxies",
+            Some(json!({"name": "q"})),
+            400,
+            "missing required field: upstream",
+        ),
+        (
+            Method::POST,
+            "/populate",
+            Some(json!([{"name": "q", "upstream": echo}, {"name": "r"}])),
+            400,
+            "missing required field: upstream at proxy 2",
+        ),
+        (
+            Method::POST,
+            "/populate",
+            Some(json!({"name": "q"})),
+            400,
+            "bad request body",
+        ),
+        (
+            Method::POST,
+            "/proxies/p/toxics",
+            Some(json!({"type": "melt"})),
+            400,
+            "invalid toxic type",
+        ),
+        (
+            Method::POST,
+            "/proxies/p/toxics",
+            Some(json!({"type": "latency", "stream": "sideways"})),
+            400,
+            "stream was invalid",
+        ),
+        (
+            Method::POST,
+            "/proxies/p/toxics",
+            Some(json!({"type": "latency", "toxicity": 7})),
+            400,
+            "bad request body",
+        ),
+        (Method::GET, "/nowhere", None, 404, "no such endpoint"),
+        (
+            Method::PUT,
+            "/proxies",
+            Some(json!({})),
+            405,
+            "method not allowed",
+        ),
+    ];
+    for (method, path, body, status, message) in cases {
+        let what = format!("{method} {path}");
+        let (s, m) = api.call(method, path, body).await.unwrap_err();
+        assert_eq!(s, status, "{what}: {m}");
+        assert!(m.starts_with(message), "{what}: {m}");
+    }
+    assert!(
+        api.call(Method::GET, "/proxies", None)
+            .await
+            .unwrap()
+            .get("q")
+            .is_none(),
+        "a failed populate created nothing"
+    );
+    // Malformed JSON, by hand: 400 and a JSON error body, never a crash.
+    for raw in [
+        "{bad",
+        "[1,",
+        "\u{0}",
+        "{\"name\": 5, \"upstream\": \"x:1\"}",
+    ] {
+        let mut s = tokio::net::TcpStream::connect(&api.addr).await.unwrap();
+        let req = format!(
+            "POST /proxies HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{raw}",
+            raw.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{raw}: {answer}");
+        assert!(answer.contains("\"status\":400"), "{answer}");
+    }
+    // A body over the limit: 413.
+    let big = json!({"name": "x".repeat(2 << 20), "upstream": echo});
+    let (s, _) = api
+        .call(Method::POST, "/proxies", Some(big))
+        .await
+        .unwrap_err();
+    assert_eq!(s, 413);
+    // Duplicate toxic: 409. Default names: TYPE_STREAM.
+    let t = api
+        .toxic(
+            "p",
+            json!({"type": "latency", "attributes": {"latency": 1}}),
+        )
+        .await;
+    assert_eq!(t["name"], "latency_downstream");
+    let (s, m) = api
+        .call(
+            Method::POST,
+            "/proxies/p/toxics",
+            Some(json!({"type": "latency"})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((s, m.as_str()), (409, "toxic already exists"));
+    // The API still answers.
+    assert_eq!(
+        api.call(Method::GET, "/version", None).await.unwrap()["version"],
+        faultrig::api::VERSION
+    );
+}
+
+/// Bytes under toxics that change mid-stream: none lost, none reordered; the counters and
+/// metrics agree with what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toxics_change_on_live_connections_without_losing_a_byte() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen = api.proxy("live", &echo.to_string()).await;
+    let conn = tokio::net::TcpStream::connect(&listen).await.unwrap();
+    let (r, w) = conn.into_split();
+    // The open connection is slowed first (20 MB/s), so the bytes flow for a while, and lossy.
+    api.toxic(
+        "live",
+        json!({"type": "bandwidth", "stream": "upstream", "attributes": {"rate": 20000}}),
+    )
+    .await;
+    api.toxic(
+        "live",
+        json!({"type": "loss", "stream": "upstream", "attributes": {"percent": 2}}),
+    )
+    .await;
+    const LEN: usize = 8 << 20;
+    let sender = tokio::spawn(send_random(w, 11, LEN));
+    let receiver = tokio::spawn(hash_to_eof(r));
+    // ...while toxics come, change and go.
+    let toxics = [
+        json!({"type": "latency", "name": "lat", "attributes": {"latency": 5, "jitter": 5}}),
+        json!({"type": "loss", "name": "loss2", "stream": "downstream", "attributes": {"percent": 5}}),
+        json!({"type": "slicer", "attributes": {"average_size": 500, "size_variation": 100, "delay": 10}}),
+    ];
+    for t in &toxics {
+        api.toxic("live", t.clone()).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    api.call(
+        Method::PATCH,
+        "/proxies/live/toxics/lat",
+        Some(json!({"attributes": {"latency": 1}})),
+    )
+    .await
+    .unwrap();
+    api.call(Method::POST, "/reset", None).await.unwrap();
+    let sent = tokio::time::timeout(Duration::from_secs(120), sender)
+        .await
+        .unwrap()
+        .unwrap();
+    let (len, got) = tokio::time::timeout(Duration::from_secs(120), receiver)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((len, got), (LEN, sent), "every byte, in order");
+    assert_eq!(
+        api.metric("faultrig_proxy_bytes_total{proxy=\"live\",direction=\"upstream\"}")
+            .await,
+        LEN as u64
+    );
+    assert_eq!(
+        api.metric("faultrig_proxy_bytes_total{proxy=\"live\",direction=\"downstream\"}")
+            .await,
+        LEN as u64
+    );
+    assert!(
+        api.metric("faultrig_proxy_stalls_total{proxy=\"live\",direction=\"upstream\"}")
+            .await
+            > 0,
+        "loss stalled segments"
+    );
+    assert_eq!(
+        api.metric("faultrig_proxy_connections_total{proxy=\"live\"}")
+            .await,
+        1
+    );
+}
+
+/// The connection-level toxics: limit_data closes after its bytes, reset_peer resets, timeout
+/// holds bytes (delivered when it goes) and with a limit resets, slow_close delays the FIN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_toxics_break_connections_as_asked() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen = api.proxy("c", &echo.to_string()).await;
+    async fn connect(addr: &str) -> tokio::net::TcpStream {
+        tokio::net::TcpStream::connect(addr).await.unwrap()
+    }
+    async fn read_all(s: &mut tokio::net::TcpStream) -> (Vec<u8>, bool) {
+        let mut got = Vec::new();
+        let reset = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("ends")
+            .is_err();
+        (got, reset)
+    }
+
+    // limit_data: 100 bytes come back, then the connection closes.
+    api.toxic(
+        "c",
+        json!({"type": "limit_data", "attributes": {"bytes": 100}}),
+    )
+    .await;
+    let mut s = connect(&listen).await;
+    s.write_all(&[1u8; 300]).await.unwrap();
+    let (got, _) = read_all(&mut s).await;
+    assert_eq!(got, vec![1u8; 100]);
+    api.call(
+        Method::DELETE,
+        "/proxies/c/toxics/limit_data_downstream",
+        None,
+    )
+    .await
+    .unwrap();
+
+    // reset_peer: after the first bytes and the timeout, a reset.
+    api.toxic(
+        "c",
+        json!({"type": "reset_peer", "stream": "upstream", "attributes": {"timeout": 100}}),
+    )
+    .await;
+    let mut s = connect(&listen).await;
+    let start = Instant::now();
+    s.write_all(b"hello").await.unwrap();
+    let (_, reset) = read_all(&mut s).await;
+    assert!(reset, "reset, not a clean close");
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    api.call(
+        Method::DELETE,
+        "/proxies/c/toxics/reset_peer_upstream",
+        None,
+    )
+    .await
+    .unwrap();
+
+    // timeout 0: bytes held while it lasts, delivered once it goes.
+    api.toxic(
+        "c",
+        json!({"type": "timeout", "attributes": {"timeout": 0}}),
+    )
+    .await;
+    let mut s = connect(&listen).await;
+    s.write_all(b"held").await.unwrap();
+    let mut buf = [0u8; 4];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), s.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "held"
+    );
+    api.call(Method::DELETE, "/proxies/c/toxics/timeout_downstream", None)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"held");
+
+    // timeout with a limit: reset after it.
+    api.toxic(
+        "c",
+        json!({"type": "timeout", "attributes": {"timeout": 200}}),
+    )
+    .await;
+    let mut s = connect(&listen).await;
+    let start = Instant::now();
+    s.write_all(b"x").await.unwrap();
+    let (got, reset) = read_all(&mut s).await;
+    assert!(got.is_empty() && reset);
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    api.call(Method::DELETE, "/proxies/c/toxics/timeout_downstream", None)
+        .await
+        .unwrap();
+
+    // slow_close: the FIN after the echo arrives late.
+    api.toxic(
+        "c",
+        json!({"type": "slow_close", "attributes": {"delay": 300}}),
+    )
+    .await;
+    let mut s = connect(&listen).await;
+    s.write_all(b"bye").await.unwrap();
+    s.shutdown().await.unwrap();
+    let start = Instant::now();
+    let (got, reset) = read_all(&mut s).await;
+    assert_eq!((got.as_slice(), reset), (&b"bye"[..], false));
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// The Python client `toxiproxy-python` (PyPI), installed by scripts/test.sh into a virtualenv,
+/// runs tests/python/toxiproxy_client.py against `faultrig proxy --api`.
+#[test]
+fn the_toxiproxy_python_client_drives_faultrig() {
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/target/py-venv/bin/python");
+    assert!(
+        std::path::Path::new(python).exists(),
+        "{python} is missing: run scripts/test.sh, which installs toxiproxy-python into it"
+    );
+    let api = Listening::start(&["proxy", "--api", "127.0.0.1:0"]);
+    let echo = echo_thread();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/toxiproxy_client.py"
+    );
+    let o = std::process::Command::new(python)
+        .args([script, &api.addr, &echo])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("python client: ok"));
+}
