@@ -378,6 +378,13 @@ impl<'a> Direction<'a> {
                 self.pushed.notified().await;
                 continue;
             };
+            if at > Instant::now() {
+                // The precise sleep may spin rather than return Pending, and this writer shares
+                // its task with the connection's reader and other direction: without a yield, a
+                // paced stream (one release per segment) kept them from running until the whole
+                // window was written, so reads came in window-sized bursts.
+                tokio::task::yield_now().await;
+            }
             sleep_until(at).await;
             if let Some(rx) = &mut hold {
                 // A timeout toxic holds the bytes (back-pressure does the rest) until it goes.
