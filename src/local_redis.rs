@@ -2,8 +2,7 @@
 //! and the tests call as their downstream. It binds 127.0.0.1 only, saves nothing to disk, and
 //! is killed and reaped on drop.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -90,15 +89,9 @@ fn wait_for_pong(child: &mut Child, port: u16) -> Result<(), String> {
     }
 }
 
-fn ping(addr: SocketAddr) -> std::io::Result<()> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    s.set_read_timeout(Some(Duration::from_millis(500)))?;
-    s.write_all(b"PING\r\n")?;
-    let mut reply = [0u8; 7];
-    s.read_exact(&mut reply)?;
-    if &reply == b"+PONG\r\n" {
-        Ok(())
-    } else {
-        Err(std::io::Error::other("not a PONG"))
-    }
+/// One PING through the same client the servers use.
+fn ping(addr: SocketAddr) -> redis::RedisResult<()> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
+    redis::cmd("PING").query::<String>(&mut conn).map(drop)
 }

@@ -141,12 +141,10 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
                 .expect("valid response");
         }
         ["proxies", name] if method == Method::GET => registry.get(name).await.map(ok),
+        // An unknown proxy is reported before a bad body, as Toxiproxy does.
         ["proxies", name] if is_update => match json(&body) {
             Ok(v) => registry.update(name, &v).await.map(ok),
-            Err(e) => match registry.get(name).await {
-                Ok(_) => Err(e),
-                Err(not_found) => Err(not_found),
-            },
+            Err(e) => registry.get(name).await.and(Err(e)),
         },
         ["proxies", name] if method == Method::DELETE => registry
             .delete(name)

@@ -352,13 +352,10 @@ impl Registry {
             }
         };
         if !same_listen(&p.listen, &listen) || upstream != p.upstream {
-            let was_running = p.enabled();
+            // A restart: stopped here, started below if it is to be enabled.
             p.stop().await;
             p.listen = listen;
             p.upstream = upstream;
-            if was_running && enabled {
-                p.start(&self.options).await?;
-            }
         }
         if enabled {
             p.start(&self.options).await?;

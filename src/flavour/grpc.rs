@@ -7,7 +7,7 @@
 use std::io;
 use std::sync::Arc;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Channel, Endpoint};
@@ -40,10 +40,7 @@ impl Flavour for Grpc {
             let rig = RigServer::new(GrpcService(service))
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
-                .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW)
-                .max_concurrent_streams(10_000)
+            let _ = super::http2_json::server_builder()
                 .serve_connection(TokioIo::new(stream), TowerToHyperService::new(rig))
                 .await;
         })

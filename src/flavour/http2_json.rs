@@ -20,6 +20,17 @@ use crate::service::RigService;
 pub const STREAM_WINDOW: u32 = 4 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
+/// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
+/// room for every call a load generator keeps in flight.
+pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_concurrent_streams(10_000);
+    builder
+}
+
 pub struct Http2Json;
 
 /// Serves http2-json on `listener` with a default service until `shutdown` completes.
@@ -40,10 +51,7 @@ impl Flavour for Http2Json {
         Box::pin(async move {
             let handler =
                 hyper::service::service_fn(move |req| http_json::handle(req, service.clone()));
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .initial_stream_window_size(STREAM_WINDOW)
-                .initial_connection_window_size(CONNECTION_WINDOW)
-                .max_concurrent_streams(10_000)
+            let _ = server_builder()
                 .serve_connection(TokioIo::new(stream), handler)
                 .await;
         })

@@ -275,8 +275,9 @@ async fn serve_connection(
             let mut toxics = toxics.clone();
             let list = toxics.borrow_and_update().clone();
             // Own streams, so toxicity and slicing never shift the model's draws.
-            let side = |d| stream_rng(seed, &format!("{name}#toxics"), ordinal, d);
-            let mut draws = Draws::new(side(Direction::Upstream));
+            let stream =
+                |purpose: &str, d| stream_rng(seed, &format!("{name}#{purpose}"), ordinal, d);
+            let mut draws = Draws::new(stream("toxicity", Direction::Upstream));
             let faults = toxic::resolve(base, &list, &mut draws);
             let model = ConnectionModel::with_handshake_loss(
                 &faults.profile,
@@ -290,14 +291,10 @@ async fn serve_connection(
                 base: base.clone(),
                 draws,
                 faults,
-                slicer_rngs: [side(Direction::Downstream), {
-                    stream_rng(
-                        seed,
-                        &format!("{name}#slicer"),
-                        ordinal,
-                        Direction::Upstream,
-                    )
-                }],
+                slicer_rngs: [
+                    stream("slicer", Direction::Upstream),
+                    stream("slicer", Direction::Downstream),
+                ],
             };
             pipe::schedule_both(ends, model, accepted_at, window, Some(live)).await;
         }
