@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tests on a fresh machine: installs what the integration tests use for real when it is
 # missing (a redis-server they run on a free loopback port; OpenSSL headers for the
-# toxiproxy_rust client's build; the toxiproxy-python client in target/py-venv), then
-# `cargo test --release`. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
+# toxiproxy_rust client's build; Apache Thrift's compiler; the toxiproxy-python client and the
+# thrift library in target/py-venv), then `cargo test --release`. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,7 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+command -v thrift >/dev/null || missing+=(thrift-compiler)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then
     sudo=()
@@ -21,10 +22,10 @@ if ((${#missing[@]})); then
 fi
 
 venv=target/py-venv
-if ! "$venv/bin/python" -c 'import toxiproxy' 2>/dev/null; then
-    echo "scripts/test.sh: installing toxiproxy-python (PyPI) into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check toxiproxy-python
+if ! "$venv/bin/python" -c 'import toxiproxy, thrift' 2>/dev/null; then
+    echo "scripts/test.sh: installing toxiproxy-python and thrift (PyPI) into $venv"
+    [[ -x $venv/bin/pip ]] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check toxiproxy-python thrift
 fi
 
 exec cargo test --release "$@"

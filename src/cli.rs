@@ -110,7 +110,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary.
+    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary, thrift.
     #[arg(long, value_parser = parse_flavour)]
     pub flavour: &'static dyn Flavour,
     /// Address to serve on (port 0 picks a free port; the bound address is printed).
@@ -128,7 +128,7 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("stop").required(true).args(["calls", "duration"]))]
 pub struct BenchArgs {
-    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary.
+    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary, thrift.
     #[arg(long, value_parser = parse_flavour)]
     pub flavour: &'static dyn Flavour,
     /// Server (or proxy) address, HOST:PORT.

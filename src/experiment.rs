@@ -348,21 +348,21 @@ mod tests {
     #[test]
     fn every_shipped_experiment_is_valid() {
         for (name, src, cells) in [
-            ("lan-compare", DEFAULT, 24),
+            ("lan-compare", DEFAULT, 3 * 5 * 2),
             (
                 "concurrency-sweep",
                 include_str!("../scripts/concurrency-sweep.toml"),
-                2 * 4 * 5,
+                2 * 5 * 5,
             ),
             (
                 "payload-sweep",
                 include_str!("../scripts/payload-sweep.toml"),
-                4 * 4 * 2,
+                5 * 4 * 2,
             ),
             (
                 "downstream",
                 include_str!("../scripts/downstream.toml"),
-                2 * 4 * 4,
+                2 * 5 * 4,
             ),
         ] {
             let e = ExperimentFile::parse(src, name)

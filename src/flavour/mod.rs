@@ -11,6 +11,7 @@ pub mod http1_json;
 pub mod http2_json;
 mod http_json;
 pub mod tcp_binary;
+pub mod thrift;
 
 use std::future::Future;
 use std::io;
@@ -37,6 +38,7 @@ pub static ALL: &[&dyn Flavour] = &[
     &http1_json::Http1Json,
     &http2_json::Http2Json,
     &tcp_binary::TcpBinary,
+    &thrift::Thrift,
 ];
 
 /// A flavour by name.
@@ -323,6 +325,35 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountingStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// What the flavours' unit tests share: a server on port 0 and a check that it still answers.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+    use crate::rig::{pb, Call, Reply};
+
+    /// A server of `flavour` on a free loopback port; stopped when the sender drops.
+    pub async fn server(
+        flavour: &'static dyn Flavour,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(flavour, l, Arc::default(), stopped));
+        (addr, stop)
+    }
+
+    /// A deduct on a new connection succeeds: the server is still serving.
+    pub async fn deduct_works(flavour: &'static dyn Flavour, addr: std::net::SocketAddr) {
+        let wire = Arc::new(WireCounters::default());
+        let client = flavour.connect(&addr.to_string(), &wire).await.unwrap();
+        let call = Call::Deduct(pb::DeductRequest {
+            sku: "x".into(),
+            quantity: 1,
+        });
+        assert!(matches!(client.call(&call).await, Ok(Reply::Deduct(r)) if r.ok));
     }
 }
 

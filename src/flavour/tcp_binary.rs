@@ -321,15 +321,12 @@ impl Client for BinaryClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flavour::test_support::deduct_works;
     use crate::rig::pb;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn server() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(run(l, stopped));
-        (addr, stop)
+        crate::flavour::test_support::server(&TcpBinary).await
     }
 
     #[tokio::test]
@@ -367,13 +364,7 @@ mod tests {
             .unwrap()
             .unwrap_or(0);
         assert_eq!(n, 0, "the server closed the bad connection");
-        let wire = Arc::new(WireCounters::default());
-        let client = TcpBinary.connect(&addr.to_string(), &wire).await.unwrap();
-        let call = Call::Deduct(pb::DeductRequest {
-            sku: "x".into(),
-            quantity: 1,
-        });
-        assert!(matches!(client.call(&call).await, Ok(Reply::Deduct(r)) if r.ok));
+        deduct_works(&TcpBinary, addr).await;
     }
 
     #[tokio::test]

@@ -622,11 +622,7 @@ async fn connection_toxics_break_connections_as_asked() {
 /// runs tests/python/toxiproxy_client.py against `faultrig proxy --api`.
 #[test]
 fn the_toxiproxy_python_client_drives_faultrig() {
-    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/target/py-venv/bin/python");
-    assert!(
-        std::path::Path::new(python).exists(),
-        "{python} is missing: run scripts/test.sh, which installs toxiproxy-python into it"
-    );
+    let python = venv_python();
     let api = Listening::start(&["proxy", "--api", "127.0.0.1:0"]);
     let echo = echo_thread();
     let script = concat!(

@@ -34,7 +34,7 @@ async fn server(flavour: &'static dyn Flavour) -> Server {
     Server { addr, _stop: stop }
 }
 
-fn spec(
+pub fn spec(
     flavour: &'static dyn Flavour,
     target: SocketAddr,
     mode: Mode,
@@ -57,6 +57,15 @@ fn spec(
 /// All calls succeed with verified replies, and the mode opened exactly its connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_flavour_mode_and_workload() {
+    for &flavour in flavour::ALL {
+        let s = server(flavour).await;
+        every_mode_and_workload(flavour, s.addr).await;
+    }
+}
+
+/// Runs 12 calls over 3 workers of every mode × workload against `target` and checks each cell:
+/// every call answered and verified, exactly the connections the mode opens.
+pub async fn every_mode_and_workload(flavour: &'static dyn Flavour, target: SocketAddr) {
     let modes = [Mode::Single, Mode::PerCall, Mode::PerWorker, Mode::Pool(2)];
     let workloads = [
         Workload::Order,
@@ -64,32 +73,29 @@ async fn every_flavour_mode_and_workload() {
         Workload::Wide,
         Workload::Deduct,
     ];
-    for &flavour in flavour::ALL {
-        let s = server(flavour).await;
-        for mode in modes {
-            for workload in workloads {
-                let spec = spec(flavour, s.addr, mode, workload);
-                let out = bench::run(&spec).await;
-                let what = format!("{} {mode} {workload}", flavour.name());
-                assert_eq!(
-                    (out.calls, out.ok),
-                    (12, 12),
-                    "{what}: {}",
-                    out.summary(&spec)
-                );
-                let expected_conns = match mode {
-                    Mode::Single => 1,
-                    Mode::PerCall => 12,
-                    Mode::PerWorker => 3,
-                    Mode::Pool(n) => n as u64,
-                };
-                assert_eq!(out.conns_opened, expected_conns, "{what}");
-                assert_eq!(out.latency.len(), 12, "{what}");
-                assert!(
-                    out.bytes_out >= 12 * out.payload_bytes as u64,
-                    "{what}: wire bytes"
-                );
-            }
+    for mode in modes {
+        for workload in workloads {
+            let spec = spec(flavour, target, mode, workload);
+            let out = bench::run(&spec).await;
+            let what = format!("{} {mode} {workload}", flavour.name());
+            assert_eq!(
+                (out.calls, out.ok),
+                (12, 12),
+                "{what}: {}",
+                out.summary(&spec)
+            );
+            let expected_conns = match mode {
+                Mode::Single => 1,
+                Mode::PerCall => 12,
+                Mode::PerWorker => 3,
+                Mode::Pool(n) => n as u64,
+            };
+            assert_eq!(out.conns_opened, expected_conns, "{what}");
+            assert_eq!(out.latency.len(), 12, "{what}");
+            assert!(
+                out.bytes_out >= 12 * out.payload_bytes as u64,
+                "{what}: wire bytes"
+            );
         }
     }
 }
@@ -165,6 +171,11 @@ async fn lossy_http2_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lossy_tcp_binary() {
     lossy(&flavour::tcp_binary::TcpBinary).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_thrift() {
+    lossy(&flavour::thrift::Thrift).await;
 }
 
 fn only(out: &bench::BenchOutcome, kind: flavour::ErrorKind) -> bool {

@@ -6,4 +6,5 @@ mod downstream;
 mod flavours;
 mod proxy;
 mod run;
+mod thrift;
 mod util;

@@ -139,34 +139,56 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
-/// A `faultrig` child process that announced `listening on ADDR`; killed on drop.
+/// A child process that announced `listening on ADDR`; killed on drop.
 pub struct Listening {
     pub child: std::process::Child,
     pub addr: String,
+    /// The rest of its standard output, for tests that read what it says next. Kept open so the
+    /// child never writes into a closed pipe.
+    pub stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 impl Listening {
     /// Starts `faultrig ARGS` and waits for its address line.
     pub fn start(args: &[&str]) -> Listening {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_faultrig"));
+        command.args(args);
+        Listening::spawn(command)
+    }
+
+    /// Starts `command` and waits for its address line.
+    pub fn spawn(mut command: Command) -> Listening {
         use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_faultrig"))
-            .args(args)
+        let mut child = command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("start faultrig");
+            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stdout.read_line(&mut line).unwrap();
         let addr = line
             .split("listening on ")
             .nth(1)
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string();
-        Listening { child, addr }
+        Listening {
+            child,
+            addr,
+            stdout: Some(stdout),
+        }
     }
+}
+
+/// The Python of the virtualenv scripts/test.sh fills with the PyPI packages the tests use.
+pub fn venv_python() -> &'static str {
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/target/py-venv/bin/python");
+    assert!(
+        std::path::Path::new(python).exists(),
+        "{python} is missing: run scripts/test.sh, which installs the PyPI packages into it"
+    );
+    python
 }
 
 impl Drop for Listening {
