@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tests on a fresh machine: installs what the integration tests use for real when it is
 # missing (a redis-server they run on a free loopback port; OpenSSL headers for the
-# toxiproxy_rust client's build; Apache Thrift's compiler; the toxiproxy-python client and the
-# thrift library in target/py-venv), then `cargo test --release`. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
+# toxiproxy_rust client's build; Apache Thrift's compiler; iproute2; the toxiproxy-python client
+# and the thrift library in target/py-venv), then `cargo test --release`. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
 command -v thrift >/dev/null || missing+=(thrift-compiler)
+# ip netns, for the three-namespace test (it runs when the tests run as root, as in CI).
+command -v ip >/dev/null || missing+=(iproute2)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then
     sudo=()

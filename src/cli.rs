@@ -106,6 +106,9 @@ pub struct RunArgs {
     /// Results directory; each run writes OUT/RUN_ID/results.csv.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
+    /// The CSV's host column (default: this machine's name).
+    #[arg(long)]
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -164,6 +167,17 @@ pub struct BenchArgs {
     /// Append the result row to this CSV file (header written when the file is new).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// The CSV's host column (default: this machine's name); several load hosts running at once
+    /// against one target give their rows distinct hosts and the same round.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// The CSV's round column: the same number on every load host of one simultaneous run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub round: u32,
+    /// The CSV's profile column: the network profile the target sits behind (bench only
+    /// records it; the proxy applies it).
+    #[arg(long)]
+    pub profile_label: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -317,10 +331,7 @@ fn parse_flavour(s: &str) -> Result<&'static dyn Flavour, String> {
 }
 
 fn parse_target(s: &str) -> Result<String, String> {
-    match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(s.to_string()),
-        _ => Err(format!("\"{s}\" is not HOST:PORT")),
-    }
+    crate::net::split_host_port(s).map(|_| s.to_string())
 }
 
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
@@ -716,8 +727,9 @@ fn bench(args: BenchArgs) -> Result<(), CliError> {
     if let Some(csv) = &mut csv {
         let mut row = outcome.row(&spec);
         row.run_id = run_id("bench");
-        row.host = host_name();
-        row.round = 1;
+        row.host = args.host.clone().unwrap_or_else(host_name);
+        row.round = args.round;
+        row.profile = args.profile_label.clone();
         csv.write(&row).map_err(|e| CliError::Failed(e.into()))?;
     }
     Ok(())
@@ -804,6 +816,7 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
             &experiment,
             &files,
             &bin,
+            &args.host.clone().unwrap_or_else(host_name),
             tokio::signal::ctrl_c(),
         ))
         .map_err(CliError::Failed)?;

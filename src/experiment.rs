@@ -2,6 +2,7 @@
 //! concurrency), how long each cell runs and how often. Parsed and validated completely before
 //! any traffic, so a typo costs a message, not a half-finished run.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,6 +35,40 @@ pub struct Experiment {
     pub round_summary: RoundSummary,
     pub seed: u64,
     pub timeout: Duration,
+    /// Servers and the fault proxy on other hosts; `None` runs everything locally.
+    pub remote: Option<Remote>,
+}
+
+/// Where a remote run's servers and fault proxy are. The runner starts nothing: it creates one
+/// proxy per flavour through the proxy host's control API, switches its profile per cell, and
+/// reads its counters there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Remote {
+    /// The control API of `faultrig proxy --api` on the proxy host, `HOST:PORT`.
+    pub api: String,
+    /// Host the proxies listen on (the address clients reach the proxy host by).
+    pub listen_host: String,
+    /// 0: any free port; otherwise the first of consecutive ports, one per flavour in order, for
+    /// firewalls that open fixed ports.
+    pub listen_port: u16,
+    /// Each flavour's server (`faultrig serve` or any peer of that flavour), as the proxy host
+    /// reaches it; in the order of `Experiment::flavours`.
+    pub servers: Vec<String>,
+    /// For each profile, the `profile` toxic's attributes that make it on the proxy host: a
+    /// built-in's name, or a profile file's whole text (the proxy host need not have the file).
+    pub profile_toxics: Vec<serde_json::Value>,
+}
+
+/// The `[remote]` table of an experiment file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteFile {
+    /// `HOST:PORT` of the proxy host's control API.
+    pub api: Option<String>,
+    /// `HOST:PORT` the proxies listen on; default: the API's host, any free port.
+    pub listen: Option<String>,
+    /// Flavour name → `HOST:PORT` of its server.
+    pub servers: Option<BTreeMap<String, String>>,
 }
 
 /// What a cell's server does after each `Deduct`.
@@ -115,6 +150,8 @@ pub struct ExperimentFile {
     pub round_summary: Option<String>,
     pub seed: Option<u64>,
     pub timeout: Option<String>,
+    /// Servers and proxy on other hosts.
+    pub remote: Option<RemoteFile>,
 }
 
 impl ExperimentFile {
@@ -155,7 +192,8 @@ impl ExperimentFile {
             rounds,
             round_summary,
             seed,
-            timeout
+            timeout,
+            remote
         );
         // A count and a duration exclude each other: whichever the override names wins.
         if over.calls.is_some() {
@@ -179,7 +217,8 @@ impl ExperimentFile {
                 None => Err(bad(key, "missing".into())),
             }
         };
-        let profiles = list("profiles", self.profiles)?
+        let profile_names = list("profiles", self.profiles)?;
+        let profiles = profile_names
             .iter()
             .map(|p| Profile::load(p).map_err(|e| bad("profiles", e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
@@ -243,6 +282,10 @@ impl ExperimentFile {
             Some(s) => RoundSummary::parse(s).map_err(|e| bad("round_summary", e))?,
             None => RoundSummary::Mean,
         };
+        let remote = match self.remote {
+            Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, origin)?),
+            None => None,
+        };
         Ok(Experiment {
             name: self.name.unwrap_or_else(|| "experiment".into()),
             profiles,
@@ -256,8 +299,96 @@ impl ExperimentFile {
             round_summary,
             seed: self.seed.unwrap_or(1),
             timeout,
+            remote,
         })
     }
+}
+
+/// Checks a `[remote]` table against the experiment's axes.
+fn remote(
+    r: RemoteFile,
+    profile_names: &[String],
+    flavours: &[&'static dyn Flavour],
+    workloads: &[CellWorkload],
+    origin: &str,
+) -> Result<Remote, String> {
+    let bad = |key: &str, msg: String| format!("{origin}: `remote.{key}`: {msg}");
+    let api = r.api.ok_or_else(|| {
+        bad(
+            "api",
+            "missing: the HOST:PORT of `faultrig proxy --api` on the proxy host".into(),
+        )
+    })?;
+    let (api_host, _) = crate::net::split_host_port(&api).map_err(|e| bad("api", e))?;
+    let (listen_host, listen_port) = match &r.listen {
+        Some(l) => {
+            let (host, port) = crate::net::split_host_port(l).map_err(|e| bad("listen", e))?;
+            (host.to_string(), port)
+        }
+        None => (api_host.to_string(), 0),
+    };
+    if listen_port != 0 && usize::from(listen_port) + flavours.len() > 65536 {
+        return Err(bad(
+            "listen",
+            format!(
+                "ports {listen_port}.. leave no room for {} flavours",
+                flavours.len()
+            ),
+        ));
+    }
+    let given = r.servers.unwrap_or_default();
+    for (name, addr) in &given {
+        if flavour::by_name(name).is_none() {
+            return Err(bad(
+                "servers",
+                format!(
+                    "unknown flavour \"{name}\" (use {})",
+                    flavour::names().join(", ")
+                ),
+            ));
+        }
+        crate::net::split_host_port(addr).map_err(|e| bad(&format!("servers.{name}"), e))?;
+    }
+    let servers = flavours
+        .iter()
+        .map(|f| {
+            given.get(f.name()).cloned().ok_or_else(|| {
+                bad(
+                    "servers",
+                    format!(
+                        "no address for flavour {0}: add {0} = \"HOST:PORT\" of its server",
+                        f.name()
+                    ),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(w) = workloads
+        .iter()
+        .find(|w| w.downstream != DownstreamSpec::Given(Downstream::None))
+    {
+        return Err(format!(
+            "{origin}: `workloads`: {} needs a server the runner starts; with [remote], start \
+             `faultrig serve --downstream ...` on the server host and use plain deduct",
+            w.label
+        ));
+    }
+    let profile_toxics = profile_names
+        .iter()
+        .map(|p| match Profile::builtin(p) {
+            Some(_) => Ok(serde_json::json!({ "profile": p })),
+            None => std::fs::read_to_string(p)
+                .map(|text| serde_json::json!({ "toml": text }))
+                .map_err(|e| format!("{origin}: `profiles`: {p}: {e}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Remote {
+        api,
+        listen_host,
+        listen_port,
+        servers,
+        profile_toxics,
+    })
 }
 
 impl Experiment {
@@ -282,6 +413,14 @@ impl Experiment {
             }
         }
         cells
+    }
+
+    /// Where `flavour` stands in `flavours`.
+    pub fn flavour_index(&self, flavour: &dyn Flavour) -> usize {
+        self.flavours
+            .iter()
+            .position(|f| f.name() == flavour.name())
+            .expect("cells only hold listed flavours")
     }
 
     /// The distinct downstreams the cells need, in first-seen order; each gets its own servers.
@@ -412,5 +551,57 @@ mod tests {
         let e = file.merge(over).validate("d").unwrap();
         assert_eq!(e.profiles.len(), 1);
         assert_eq!(e.stop, Stop::Duration(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_remote_table_names_the_api_and_every_flavours_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let custom = dir.path().join("mine.toml");
+        std::fs::write(&custom, "[link]\ndelay = \"3ms\"\n").unwrap();
+        let axes = format!(
+            "profiles = [\"lan\", \"{}\"]\nflavours = [\"grpc\", \"thrift\"]\n\
+             modes = [\"single\"]\ncalls = 5\n",
+            custom.display()
+        );
+        let e = validate(&format!(
+            "{axes}[remote]\napi = \"10.0.0.2:8474\"\n\
+             [remote.servers]\ngrpc = \"10.0.1.2:9001\"\nthrift = \"srv:9005\"\n\
+             tcp-binary = \"10.0.1.2:9004\"\n"
+        ))
+        .unwrap();
+        let r = e.remote.unwrap();
+        assert_eq!(
+            (r.api.as_str(), r.listen_host.as_str(), r.listen_port),
+            ("10.0.0.2:8474", "10.0.0.2", 0)
+        );
+        assert_eq!(r.servers, ["10.0.1.2:9001", "srv:9005"]);
+        assert_eq!(r.profile_toxics[0], serde_json::json!({"profile": "lan"}));
+        assert_eq!(
+            r.profile_toxics[1],
+            serde_json::json!({"toml": "[link]\ndelay = \"3ms\"\n"})
+        );
+
+        let with = |remote: &str| validate(&format!("{axes}[remote]\n{remote}")).unwrap_err();
+        assert!(with("listen = \"x:1\"\n").contains("`remote.api`: missing"));
+        assert!(with("api = \"nope\"\n").contains("`remote.api`"));
+        let no_thrift = with("api = \"a:1\"\n[remote.servers]\ngrpc = \"b:2\"\n");
+        assert!(
+            no_thrift.contains("no address for flavour thrift"),
+            "{no_thrift}"
+        );
+        let unknown = with("api = \"a:1\"\n[remote.servers]\nsoap = \"b:2\"\n");
+        assert!(unknown.contains("unknown flavour \"soap\""), "{unknown}");
+        let port = with("api = \"a:1\"\n[remote.servers]\ngrpc = \"b:http\"\n");
+        assert!(port.contains("remote.servers.grpc"), "{port}");
+        let e = validate(
+            "profiles = [\"lan\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n\
+             workloads = [\"deduct@sleep:1ms\"]\n[remote]\napi = \"a:1\"\nlisten = \"p:7000\"\n\
+             [remote.servers]\ngrpc = \"b:2\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("deduct@sleep:1ms needs a server the runner starts"),
+            "{e}"
+        );
     }
 }

@@ -17,7 +17,8 @@
 //! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
 //! - [`workload`]: what each call carries, and how a reply is checked.
 //! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
-//! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run`, the tables.
+//! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
+//!   proxies started here, or on other hosts driven through their control API), the tables.
 //! - [`net`]: listener set-up and the one accept loop every server uses.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 

@@ -14,6 +14,17 @@ use tokio_util::task::TaskTracker;
 /// asked for. The kernel caps it at `net.core.somaxconn`.
 const BACKLOG: u32 = 4096;
 
+/// Splits `HOST:PORT` (a name, an IPv4 address or a bracketed IPv6 address, and a port).
+pub fn split_host_port(s: &str) -> Result<(&str, u16), String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() => match port.parse::<u16>() {
+            Ok(port) => Ok((host, port)),
+            Err(_) => Err(format!("\"{s}\" is not HOST:PORT (bad port \"{port}\")")),
+        },
+        _ => Err(format!("\"{s}\" is not HOST:PORT")),
+    }
+}
+
 /// Binds a listener with a deep accept queue (and `SO_REUSEADDR`, so a restarted run can reuse
 /// its port at once).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {

@@ -150,6 +150,10 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
             .delete(name)
             .await
             .map(|()| (StatusCode::NO_CONTENT, None)),
+        ["proxies", name, "stats"] if method == Method::GET => registry
+            .stats(name)
+            .await
+            .map(|s| ok(serde_json::to_value(s).expect("counters serialise"))),
         ["proxies", name, "toxics"] if method == Method::GET => registry.toxics(name).await.map(ok),
         ["proxies", name, "toxics"] if method == Method::POST => {
             registry.add_toxic(name, json(&body)).await.map(ok)
@@ -171,6 +175,7 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
         | ["version"]
         | ["metrics"]
         | ["proxies", _]
+        | ["proxies", _, "stats"]
         | ["proxies", _, "toxics"]
         | ["proxies", _, "toxics", _] => Err(ApiError::new(
             405,

@@ -316,6 +316,13 @@ impl Registry {
         Ok(json!({ "proxies": done }))
     }
 
+    /// `GET /proxies/{name}/stats` (ours): the proxy's counters since it was created, kept
+    /// across restarts. The runner reads them before and after each cell of a remote run.
+    pub async fn stats(&self, name: &str) -> Result<crate::proxy::StatsSnapshot, ApiError> {
+        let proxies = self.proxies.lock().await;
+        Ok(found(proxies.get(name))?.stats.snapshot())
+    }
+
     /// `GET /proxies/{name}`.
     pub async fn get(&self, name: &str) -> Result<Value, ApiError> {
         let proxies = self.proxies.lock().await;

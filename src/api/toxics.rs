@@ -245,20 +245,26 @@ fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiErro
                 .ok_or_else(|| ApiError::bad_body("syn_loss needs percent or probability"))?,
         },
         "profile" => {
-            let name = match a.get("profile") {
-                Some(Value::String(s)) => s,
+            // A built-in profile by name, or a whole profile file's text (how a remote run sends
+            // a profile the proxy host does not have).
+            let profile = match (a.get("profile"), a.get("toml")) {
+                (Some(Value::String(name)), None) => Profile::builtin(name).ok_or_else(|| {
+                    ApiError::bad_body(&format!(
+                        "unknown profile \"{name}\" (use {})",
+                        Profile::builtin_names().collect::<Vec<_>>().join(", ")
+                    ))
+                })?,
+                (None, Some(Value::String(text))) => {
+                    Profile::parse(text, "profile toxic attribute toml", "custom")
+                        .map_err(|e| ApiError::bad_body(&e.to_string()))?
+                }
                 _ => {
                     return Err(ApiError::bad_body(
-                        "profile needs attribute profile: a built-in profile name",
+                        "profile needs attribute profile (a built-in profile name) or toml \
+                         (a profile file's text)",
                     ))
                 }
             };
-            let profile = Profile::builtin(name).ok_or_else(|| {
-                ApiError::bad_body(&format!(
-                    "unknown profile \"{name}\" (use {})",
-                    Profile::builtin_names().collect::<Vec<_>>().join(", ")
-                ))
-            })?;
             ToxicKind::Profile {
                 profile: Box::new(profile),
             }
@@ -297,6 +303,30 @@ mod tests {
         let u = u.update(&json!({"toxicity": 0.5}), 3).unwrap();
         assert_eq!(u.toxic.toxicity, 0.5);
         assert_eq!(u.attributes["latency"], json!(100), "kept");
+    }
+
+    #[test]
+    fn a_profile_toxic_takes_a_profile_files_text() {
+        let text = "name = \"mine\"\n[link]\ndelay = \"7ms\"\n";
+        let e = ToxicEntry::create(
+            &json!({"type": "profile", "stream": "downstream", "attributes": {"toml": text}}),
+            0,
+        )
+        .unwrap();
+        let ToxicKind::Profile { profile } = &e.toxic.kind else {
+            panic!("{:?}", e.toxic.kind)
+        };
+        assert_eq!(profile.name, "mine");
+        assert_eq!(
+            profile.downstream.delay,
+            std::time::Duration::from_millis(7)
+        );
+        let bad = json!({"type": "profile", "attributes": {"toml": "[link]\ndelay = 5\n"}});
+        let e = ToxicEntry::create(&bad, 0).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("delay"), "{e:?}");
+        let both = json!({"type": "profile", "attributes": {"toml": text, "profile": "lan"}});
+        assert_eq!(ToxicEntry::create(&both, 0).unwrap_err().status, 400);
     }
 
     #[test]

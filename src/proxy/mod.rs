@@ -118,7 +118,7 @@ pub struct ProxyStats {
 }
 
 /// A point-in-time copy of [`ProxyStats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatsSnapshot {
     pub connections: u64,
     pub active: u64,

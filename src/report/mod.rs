@@ -117,6 +117,8 @@ pub struct Table {
     pub cells: BTreeMap<(usize, usize), Cell>,
     /// How the cells' rounds were combined.
     pub summary: RoundSummary,
+    /// The hosts whose rows were combined, in first-seen order.
+    pub hosts: Vec<String>,
 }
 
 fn row_key(r: &Row) -> String {
@@ -138,6 +140,7 @@ impl Table {
         };
         let mut groups: BTreeMap<(usize, usize), Vec<&Row>> = BTreeMap::new();
         for r in rows {
+            index_of(&mut t.hosts, r.host.clone());
             let profile = r.profile.clone().unwrap_or_else(|| "(unknown)".into());
             let ri = index_of(&mut t.rows, row_key(r));
             let pi = index_of(&mut t.profiles, profile);
@@ -157,6 +160,15 @@ impl Table {
     pub fn render(&self) -> String {
         let width = self.rows.iter().map(String::len).max().unwrap_or(0).max(14);
         let mut out = format!("({})\n", self.summary.explain());
+        if self.hosts.len() > 1 {
+            // Rows of one round from several load hosts ran at once: counts and calls/s add up.
+            let _ = writeln!(
+                out,
+                "(rows of {} hosts combined: {})",
+                self.hosts.len(),
+                self.hosts.join(", ")
+            );
+        }
         let _ = write!(out, "{:<width$}", "flavour mode");
         for p in &self.profiles {
             let _ = write!(out, " | {:^41}", p);

@@ -5,6 +5,7 @@ mod cli;
 mod downstream;
 mod flavours;
 mod proxy;
+mod remote;
 mod run;
 mod thrift;
 mod util;

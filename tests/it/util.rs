@@ -207,6 +207,29 @@ pub struct FinishedRun {
     _scratch: tempfile::TempDir,
 }
 
+/// Asserts a process succeeded, showing its output if not; returns its stdout.
+pub fn succeeded(o: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// The one run directory under `out`, and the rows of its CSV.
+pub fn only_run(out: &std::path::Path) -> (std::path::PathBuf, Vec<faultrig::results::Row>) {
+    let dir = std::fs::read_dir(out)
+        .unwrap()
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path();
+    let rows = faultrig::results::read(&dir.join("results.csv")).unwrap();
+    (dir, rows)
+}
+
 /// Writes `experiment` to a file, runs it with `extra` flags, asserts success, reads its CSV.
 pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
     let scratch = tempdir();
@@ -220,20 +243,8 @@ pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
         out.to_str().unwrap(),
     ];
     args.extend(extra);
-    let o = faultrig(&args);
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let dir = std::fs::read_dir(&out)
-        .unwrap()
-        .next()
-        .expect("a run directory")
-        .unwrap()
-        .path();
-    let rows = faultrig::results::read(&dir.join("results.csv")).unwrap();
+    let stdout = succeeded(&faultrig(&args));
+    let (dir, rows) = only_run(&out);
     FinishedRun {
         stdout,
         dir,

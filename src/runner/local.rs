@@ -1,0 +1,214 @@
+//! A local run's targets: one `faultrig serve` child process per flavour and downstream (so its
+//! CPU time and peak RSS can be read from /proc), and one in-process fault proxy per profile in
+//! front of each server (named after the profile, so every flavour meets the same fault
+//! streams).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tokio::sync::oneshot;
+
+use super::Probe;
+use crate::experiment::{Cell, DownstreamSpec, Experiment};
+use crate::flavour::Flavour;
+use crate::local_redis::LocalRedis;
+use crate::proxy::{Proxy, ProxyOptions, ProxyStats};
+use crate::service::Downstream;
+
+/// Every server and proxy of a local run; all stopped on drop.
+pub struct LocalTargets {
+    /// The distinct downstreams, in the order of `targets`' first index.
+    downstreams: Vec<DownstreamSpec>,
+    /// `targets[downstream][flavour]`: a server and one proxy per profile in front of it.
+    targets: Vec<Vec<Target>>,
+    /// The private redis-server of `deduct@redis` cells. Declared after `targets`, so it is
+    /// stopped after the servers using it.
+    _redis: Option<LocalRedis>,
+}
+
+impl LocalTargets {
+    pub async fn start(exp: &Experiment, bin: &Path) -> anyhow::Result<LocalTargets> {
+        let downstreams = exp.downstreams();
+        // Started before any server, so a missing redis-server fails the run before any traffic.
+        let redis = if downstreams.contains(&DownstreamSpec::LocalRedis) {
+            Some(LocalRedis::start().map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
+        } else {
+            None
+        };
+        let mut targets = Vec::new();
+        for spec in &downstreams {
+            let downstream = match spec {
+                DownstreamSpec::Given(d) => d.clone(),
+                DownstreamSpec::LocalRedis => {
+                    Downstream::Redis(redis.as_ref().expect("started above").url())
+                }
+            };
+            let mut per_flavour = Vec::new();
+            for &flavour in &exp.flavours {
+                let server = Server::start(bin, flavour, &downstream)?;
+                let mut proxies = Vec::new();
+                for profile in &exp.profiles {
+                    proxies.push(start_proxy(&server.addr, profile, exp.seed).await?);
+                }
+                per_flavour.push(Target { server, proxies });
+            }
+            targets.push(per_flavour);
+        }
+        Ok(LocalTargets {
+            downstreams,
+            targets,
+            _redis: redis,
+        })
+    }
+
+    fn target(&self, exp: &Experiment, cell: &Cell) -> (&Server, &RunningProxy) {
+        let f = exp.flavour_index(cell.flavour);
+        let d = self
+            .downstreams
+            .iter()
+            .position(|x| *x == cell.workload.downstream)
+            .expect("listed");
+        let target = &self.targets[d][f];
+        (&target.server, &target.proxies[cell.profile])
+    }
+
+    /// The address of the cell's proxy, and the counters before it.
+    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+        let (server, proxy) = self.target(exp, cell);
+        server.reset_peak_rss();
+        let probe = Probe {
+            proxy: Some(proxy.stats.snapshot()),
+            server_cpu_ms: server.cpu_ms(),
+            server_rss_kb: None,
+        };
+        (proxy.addr.clone(), probe)
+    }
+
+    /// The counters after the cell.
+    pub fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        let (server, proxy) = self.target(exp, cell);
+        Probe {
+            proxy: Some(proxy.stats.snapshot()),
+            server_cpu_ms: server.cpu_ms(),
+            server_rss_kb: server.peak_rss_kb(),
+        }
+    }
+}
+
+/// One server and the proxies (one per profile) in front of it.
+struct Target {
+    server: Server,
+    proxies: Vec<RunningProxy>,
+}
+
+/// A `faultrig serve` child process; killed and reaped on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(bin: &Path, flavour: &dyn Flavour, downstream: &Downstream) -> anyhow::Result<Server> {
+        let mut child = Command::new(bin)
+            .args([
+                "serve",
+                "--flavour",
+                flavour.name(),
+                "--listen",
+                "127.0.0.1:0",
+                "--downstream",
+                &downstream.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("start the {} server", flavour.name()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .context("read the server's address")?;
+        let Some(addr) = line
+            .split("listening on ")
+            .nth(1)
+            .map(|a| a.trim().to_string())
+        else {
+            let _ = child.kill();
+            bail!("the {} server did not start: {line:?}", flavour.name());
+        };
+        Ok(Server { child, addr })
+    }
+
+    /// CPU time (user + system) so far, in milliseconds.
+    fn cpu_ms(&self) -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()??
+            .max(1) as u64;
+        Some(ticks * 1000 / hz)
+    }
+
+    /// Resets the peak-RSS mark, so the next read covers one cell.
+    fn reset_peak_rss(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+    }
+
+    /// Peak resident set size since the last reset, in KiB.
+    fn peak_rss_kb(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An in-process proxy in front of one server; stopped on drop.
+struct RunningProxy {
+    addr: String,
+    stats: Arc<ProxyStats>,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn start_proxy(
+    upstream: &str,
+    profile: &crate::profile::Profile,
+    seed: u64,
+) -> anyhow::Result<RunningProxy> {
+    let listener = crate::net::bind("127.0.0.1:0".parse().expect("valid"))?;
+    let addr = listener.local_addr()?.to_string();
+    let options = ProxyOptions {
+        // Keyed by profile only: every flavour meets the same fault streams.
+        name: profile.name.clone(),
+        seed,
+        ..ProxyOptions::default()
+    };
+    let proxy = Proxy::new(upstream, profile.clone(), options);
+    let stats = proxy.stats();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(proxy.run(listener, async move {
+        let _ = stopped.await;
+    }));
+    Ok(RunningProxy {
+        addr,
+        stats,
+        _stop: stop,
+    })
+}

@@ -1,0 +1,166 @@
+//! The experiment runner behind `faultrig run`: it puts servers and fault proxies in place —
+//! started here ([`local`]) or on other hosts and driven through a control API ([`remote`]) —
+//! then runs every cell, round by round in a fixed order, writing each row as soon as it is
+//! measured. Both kinds of target give the same CSV; what one cannot measure (a remote server's
+//! CPU time) stays empty.
+
+mod local;
+mod remote;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::bench::{self, BenchSpec};
+use crate::experiment::{Cell, Experiment};
+use crate::proxy::StatsSnapshot;
+use crate::results::{ResultsWriter, Row};
+
+/// What a run reads around each cell, where it can.
+#[derive(Debug, Default)]
+struct Probe {
+    /// The cell's proxy counters.
+    proxy: Option<StatsSnapshot>,
+    /// The server process's CPU time so far.
+    server_cpu_ms: Option<u64>,
+    /// The server's peak RSS since the cell began (read after it).
+    server_rss_kb: Option<u64>,
+}
+
+/// The servers and proxies of a run.
+enum Targets {
+    Local(local::LocalTargets),
+    Remote(remote::RemoteTargets),
+}
+
+impl Targets {
+    async fn start(exp: &Experiment, bin: &Path) -> anyhow::Result<Targets> {
+        Ok(match &exp.remote {
+            None => Targets::Local(local::LocalTargets::start(exp, bin).await?),
+            Some(r) => Targets::Remote(remote::RemoteTargets::start(exp, r).await?),
+        })
+    }
+
+    /// Prepares the cell (its profile in place); returns where its calls go and the counters
+    /// before it.
+    async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+        match self {
+            Targets::Local(t) => t.enter(exp, cell),
+            Targets::Remote(t) => t.enter(exp, cell).await,
+        }
+    }
+
+    async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        match self {
+            Targets::Local(t) => t.leave(exp, cell),
+            Targets::Remote(t) => t.leave(exp, cell).await,
+        }
+    }
+
+    async fn finish(self) {
+        match self {
+            Targets::Local(t) => drop(t),
+            Targets::Remote(t) => t.finish().await,
+        }
+    }
+}
+
+/// Where a run's files go.
+pub struct RunFiles {
+    pub run_id: String,
+    pub dir: PathBuf,
+    pub csv: PathBuf,
+}
+
+impl RunFiles {
+    /// `OUT/RUN_ID/results.csv`; a run never writes into another run's directory.
+    pub fn create(out: &Path, run_id: &str) -> std::io::Result<RunFiles> {
+        let dir = out.join(run_id);
+        std::fs::create_dir_all(out)?;
+        std::fs::create_dir(&dir)?;
+        Ok(RunFiles {
+            run_id: run_id.to_string(),
+            csv: dir.join("results.csv"),
+            dir,
+        })
+    }
+}
+
+/// Runs every cell of `exp`; returns the rows written. Stops early (with every finished row on
+/// disk) when `interrupted` completes.
+pub async fn run(
+    exp: &Experiment,
+    files: &RunFiles,
+    bin: &Path,
+    host: &str,
+    interrupted: impl std::future::Future,
+) -> anyhow::Result<Vec<Row>> {
+    let mut writer = ResultsWriter::append(&files.csv)
+        .with_context(|| format!("write {}", files.csv.display()))?;
+    let mut targets = Targets::start(exp, bin).await?;
+    let cells = exp.cells();
+    let total = cells.len() as u64 * u64::from(exp.rounds);
+    let progress = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} cells  {msg}  elapsed {elapsed}  eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    let mut rows = Vec::new();
+    tokio::pin!(interrupted);
+    'rounds: for round in 1..=exp.rounds {
+        for cell in &cells {
+            let (addr, before) = targets.enter(exp, cell).await;
+            let spec = BenchSpec {
+                flavour: cell.flavour,
+                target: addr,
+                mode: cell.mode,
+                workload: cell.workload.workload,
+                concurrency: cell.concurrency,
+                stop: exp.stop,
+                warmup: exp.warmup,
+                rate: None,
+                timeout: exp.timeout,
+                seed: exp.seed,
+            };
+            let outcome = tokio::select! {
+                outcome = bench::run(&spec) => outcome,
+                _ = &mut interrupted => {
+                    progress.abandon_with_message("interrupted");
+                    break 'rounds;
+                }
+            };
+            let after = targets.leave(exp, cell).await;
+            let mut row = outcome.row(&spec);
+            row.run_id = files.run_id.clone();
+            row.host = host.to_string();
+            row.round = round;
+            row.profile = Some(exp.profiles[cell.profile].name.clone());
+            row.workload = cell.workload.label.clone();
+            fill_measurements(&mut row, before, after);
+            writer.write(&row)?;
+            progress.set_message(format!("{:.0} calls/s", outcome.throughput()));
+            progress.inc(1);
+            rows.push(row);
+        }
+    }
+    progress.finish_and_clear();
+    targets.finish().await;
+    Ok(rows)
+}
+
+/// The proxy's and server's share of the cell: differences of counters read around it.
+fn fill_measurements(row: &mut Row, before: Probe, after: Probe) {
+    if let Some((b, a)) = before.proxy.zip(after.proxy) {
+        // saturating: a proxy restarted on its host mid-cell starts its counters again.
+        row.bytes_up = Some(a.bytes_up.saturating_sub(b.bytes_up));
+        row.bytes_down = Some(a.bytes_down.saturating_sub(b.bytes_down));
+        row.stalls_up = Some(a.stalls_up.saturating_sub(b.stalls_up));
+        row.stalls_down = Some(a.stalls_down.saturating_sub(b.stalls_down));
+    }
+    row.server_cpu_ms = before
+        .server_cpu_ms
+        .zip(after.server_cpu_ms)
+        .map(|(b, a)| a.saturating_sub(b));
+    row.server_rss_kb = after.server_rss_kb;
+}

@@ -1,0 +1,322 @@
+//! A remote run's targets: servers on other hosts (`faultrig serve`, or any peer of a flavour)
+//! and one fault proxy per flavour on a proxy host, created and driven through that host's
+//! control API (`faultrig proxy --api`). The profile of a cell is a pair of `profile` toxics
+//! (one per direction) switched between cells; the proxy's counters are read over the API
+//! before and after each cell.
+//!
+//! Everything is checked before the first cell: the API answers and is faultrig's, the proxies
+//! are created, every profile is accepted, and one call per flavour goes through its proxy to
+//! its server. A failure names the address at fault. Once cells run, a host that dies only
+//! costs the cells that need it: their calls fail and are counted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use http::Method;
+use serde_json::{json, Value};
+
+use super::Probe;
+use crate::api::client::{self, ClientError};
+use crate::experiment::{Cell, Experiment, Remote};
+use crate::flavour::{Flavour, WireCounters};
+use crate::proxy::StatsSnapshot;
+use crate::workload::{Generator, Workload};
+
+/// How long the first call through each proxy may take before its server counts as unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Names of the two toxics that carry a cell's profile.
+const PROFILE_TOXICS: [(&str, &str); 2] = [
+    ("faultrig-profile-up", "upstream"),
+    ("faultrig-profile-down", "downstream"),
+];
+
+pub struct RemoteTargets {
+    api: Api,
+    /// One proxy per flavour, in the experiment's flavour order.
+    proxies: Vec<RemoteProxy>,
+}
+
+/// The proxy host's control API, as this run uses it.
+struct Api {
+    /// `HOST:PORT`.
+    addr: String,
+    /// The `profile` toxic attributes of each of the experiment's profiles.
+    profile_toxics: Vec<Value>,
+}
+
+struct RemoteProxy {
+    /// Its name on the proxy host: `faultrig-FLAVOUR`.
+    name: String,
+    /// Where this host's calls go: the proxy's listen address as seen from here.
+    addr: String,
+    /// Its upstream, for messages.
+    server: String,
+    /// The profile in place now (an index into the experiment's profiles); `None` when unknown,
+    /// so the next cell sets it.
+    profile: Option<usize>,
+}
+
+impl RemoteTargets {
+    pub async fn start(exp: &Experiment, remote: &Remote) -> anyhow::Result<RemoteTargets> {
+        let api = remote.api.clone();
+        let version = client::request(&api, Method::GET, "/version", None)
+            .await
+            .map_err(|e| {
+                anyhow!(
+                    "{e}: is `faultrig proxy --api {api}` running on the proxy host, and the \
+                     port open to this host?"
+                )
+            })?;
+        if !version["version"]
+            .as_str()
+            .is_some_and(|v| v.contains("faultrig"))
+        {
+            bail!(
+                "the control API at {api} is not faultrig's (version {}): a remote run needs \
+                 `faultrig proxy --api` for its profile toxics",
+                version["version"]
+            );
+        }
+        let specs: Vec<Value> = exp
+            .flavours
+            .iter()
+            .zip(&remote.servers)
+            .enumerate()
+            .map(|(i, (f, server))| {
+                let port = match remote.listen_port {
+                    0 => 0,
+                    first => first + i as u16,
+                };
+                json!({
+                    "name": proxy_name(*f),
+                    "listen": format!("{}:{port}", remote.listen_host),
+                    "upstream": server,
+                    "enabled": true,
+                })
+            })
+            .collect();
+        client::request(&api, Method::POST, "/populate", Some(&Value::Array(specs)))
+            .await
+            .with_context(|| format!("create the proxies through the control API at {api}"))?;
+        let api_host = crate::net::split_host_port(&api)
+            .map(|(h, _)| h.to_string())
+            .map_err(|e| anyhow!(e))?;
+        let api = Api {
+            addr: api,
+            profile_toxics: remote.profile_toxics.clone(),
+        };
+        let mut proxies = Vec::new();
+        for (&flavour, server) in exp.flavours.iter().zip(&remote.servers) {
+            let name = proxy_name(flavour);
+            let proxy = api.get(&format!("/proxies/{name}")).await?;
+            let listen = proxy["listen"].as_str().unwrap_or_default();
+            let mut p = RemoteProxy {
+                addr: reachable(listen, &api_host)?,
+                name,
+                server: server.clone(),
+                profile: None,
+            };
+            // Every profile once, so one the proxy host refuses fails the run now, not a cell.
+            for profile in 0..exp.profiles.len() {
+                api.set_profile(&mut p, profile)
+                    .await
+                    .with_context(|| format!("profile {}", exp.profiles[profile].name))?;
+            }
+            api.clear_toxics(&mut p).await?;
+            api.probe(flavour, &p, exp.seed).await?;
+            proxies.push(p);
+        }
+        Ok(RemoteTargets { api, proxies })
+    }
+
+    /// Puts the cell's profile in place; returns where its calls go and the counters before.
+    pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+        let p = &mut self.proxies[exp.flavour_index(cell.flavour)];
+        if p.profile != Some(cell.profile) {
+            if let Err(e) = self.api.set_profile(p, cell.profile).await {
+                // The proxy host is unreachable or failing: its calls will fail and be counted.
+                tracing::warn!(
+                    "proxy {}: cannot set profile {}: {e:#}",
+                    p.name,
+                    exp.profiles[cell.profile].name
+                );
+            }
+        }
+        let probe = Probe {
+            proxy: self.api.stats(&p.name).await,
+            ..Probe::default()
+        };
+        (p.addr.clone(), probe)
+    }
+
+    /// The counters after the cell.
+    pub async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        let p = &self.proxies[exp.flavour_index(cell.flavour)];
+        Probe {
+            proxy: self.api.stats(&p.name).await,
+            ..Probe::default()
+        }
+    }
+
+    /// Removes the run's proxies from the proxy host (best effort: it may be gone).
+    pub async fn finish(self) {
+        for p in &self.proxies {
+            let path = format!("/proxies/{}", p.name);
+            if let Err(e) = client::request(&self.api.addr, Method::DELETE, &path, None).await {
+                tracing::warn!("remove proxy {}: {e}", p.name);
+            }
+        }
+    }
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        client::request(&self.addr, Method::GET, path, None)
+            .await
+            .with_context(|| format!("GET {path}"))
+    }
+
+    async fn stats(&self, name: &str) -> Option<StatsSnapshot> {
+        let read = self.get(&format!("/proxies/{name}/stats")).await;
+        match read.and_then(|v| serde_json::from_value(v).map_err(Into::into)) {
+            Ok(stats) => Some(stats),
+            Err(e) => {
+                tracing::warn!("proxy {name}: counters unavailable: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Replaces the proxy's profile toxics with those of `profile`. Until it succeeds the
+    /// proxy's profile is unknown, so a later cell tries again.
+    async fn set_profile(&self, p: &mut RemoteProxy, profile: usize) -> anyhow::Result<()> {
+        p.profile = None;
+        self.clear_toxics(p).await?;
+        for (toxic, stream) in PROFILE_TOXICS {
+            let body = json!({
+                "name": toxic,
+                "type": "profile",
+                "stream": stream,
+                "toxicity": 1.0,
+                "attributes": self.profile_toxics[profile],
+            });
+            let path = format!("/proxies/{}/toxics", p.name);
+            client::request(&self.addr, Method::POST, &path, Some(&body))
+                .await
+                .with_context(|| format!("POST {path}"))?;
+        }
+        p.profile = Some(profile);
+        Ok(())
+    }
+
+    /// Removes every toxic of the proxy: ours from an earlier run, and anyone else's.
+    async fn clear_toxics(&self, p: &mut RemoteProxy) -> anyhow::Result<()> {
+        p.profile = None;
+        let toxics = self.get(&format!("/proxies/{}/toxics", p.name)).await?;
+        for t in toxics.as_array().into_iter().flatten() {
+            let Some(toxic) = t["name"].as_str() else {
+                continue;
+            };
+            let path = format!("/proxies/{}/toxics/{}", p.name, encode(toxic));
+            match client::request(&self.addr, Method::DELETE, &path, None).await {
+                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+                Err(e) => return Err(e).with_context(|| format!("DELETE {path}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One call through the proxy to its server, so an unreachable host fails the run before
+    /// any cell, naming the address.
+    async fn probe(
+        &self,
+        flavour: &'static dyn Flavour,
+        p: &RemoteProxy,
+        seed: u64,
+    ) -> anyhow::Result<()> {
+        let before = self.stats(&p.name).await;
+        let wire = Arc::new(WireCounters::default());
+        let call = Generator::new(Workload::Order, seed).call(0);
+        let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
+            let client = flavour.connect(&p.addr, &wire).await?;
+            let reply = client.call(&call).await?;
+            Generator::verify(&call, &reply)
+        })
+        .await;
+        let why = match answered {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        let after = self.stats(&p.name).await;
+        let refused_upstream = before
+            .zip(after)
+            .is_some_and(|(b, a)| a.connect_failures > b.connect_failures);
+        let flavour = flavour.name();
+        if refused_upstream {
+            bail!(
+                "the {flavour} server at {} is unreachable from the proxy host: is `faultrig \
+                 serve --flavour {flavour} --listen {}` running there, and the port open?",
+                p.server,
+                p.server
+            );
+        }
+        if wire.opened.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            bail!(
+                "the {flavour} proxy at {} is unreachable from this host: {why}",
+                p.addr
+            );
+        }
+        bail!(
+            "no answer from the {flavour} server at {} through the proxy at {}: {why}",
+            p.server,
+            p.addr
+        )
+    }
+}
+
+fn proxy_name(flavour: &dyn Flavour) -> String {
+    format!("faultrig-{}", flavour.name())
+}
+
+/// The proxy's bound address as this host reaches it: a wildcard address (`0.0.0.0`, `::`)
+/// means the proxy host's own, which is the API's host.
+fn reachable(listen: &str, api_host: &str) -> anyhow::Result<String> {
+    let (host, port) = crate::net::split_host_port(listen)
+        .map_err(|e| anyhow!("the control API reported a proxy listening on {e}"))?;
+    let wildcard = host
+        .trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    Ok(if wildcard {
+        format!("{api_host}:{port}")
+    } else {
+        listen.to_string()
+    })
+}
+
+/// A toxic name as one path segment.
+fn encode(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listen_addresses_mean_the_api_host() {
+        assert_eq!(
+            reachable("0.0.0.0:7000", "10.1.1.2").unwrap(),
+            "10.1.1.2:7000"
+        );
+        assert_eq!(
+            reachable("[::]:7000", "proxyhost").unwrap(),
+            "proxyhost:7000"
+        );
+        assert_eq!(reachable("10.1.1.2:7001", "x").unwrap(), "10.1.1.2:7001");
+        assert!(reachable("", "x").is_err());
+    }
+}
