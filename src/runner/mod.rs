@@ -98,6 +98,32 @@ pub async fn run(
     let mut writer = ResultsWriter::append(&files.csv)
         .with_context(|| format!("write {}", files.csv.display()))?;
     let mut targets = Targets::start(exp, bin).await?;
+    let mut rows = Vec::new();
+    let measured = run_cells(
+        exp,
+        files,
+        host,
+        &mut targets,
+        &mut writer,
+        &mut rows,
+        interrupted,
+    );
+    let result = measured.await;
+    // Also after a failure: a remote proxy host is left as it was found.
+    targets.finish().await;
+    result.map(|()| rows)
+}
+
+/// Every cell, round by round; each row is written and kept in `rows` as soon as it is measured.
+async fn run_cells(
+    exp: &Experiment,
+    files: &RunFiles,
+    host: &str,
+    targets: &mut Targets,
+    writer: &mut ResultsWriter,
+    rows: &mut Vec<Row>,
+    interrupted: impl std::future::Future,
+) -> anyhow::Result<()> {
     let cells = exp.cells();
     let total = cells.len() as u64 * u64::from(exp.rounds);
     let progress = indicatif::ProgressBar::new(total).with_style(
@@ -106,9 +132,8 @@ pub async fn run(
         )
         .expect("valid template"),
     );
-    let mut rows = Vec::new();
     tokio::pin!(interrupted);
-    'rounds: for round in 1..=exp.rounds {
+    for round in 1..=exp.rounds {
         for cell in &cells {
             let (addr, before) = targets.enter(exp, cell).await;
             let spec = BenchSpec {
@@ -127,7 +152,7 @@ pub async fn run(
                 outcome = bench::run(&spec) => outcome,
                 _ = &mut interrupted => {
                     progress.abandon_with_message("interrupted");
-                    break 'rounds;
+                    return Ok(());
                 }
             };
             let after = targets.leave(exp, cell).await;
@@ -145,8 +170,7 @@ pub async fn run(
         }
     }
     progress.finish_and_clear();
-    targets.finish().await;
-    Ok(rows)
+    Ok(())
 }
 
 /// The proxy's and server's share of the cell: differences of counters read around it.

@@ -109,24 +109,15 @@ impl RemoteTargets {
         };
         let mut proxies = Vec::new();
         for (&flavour, server) in exp.flavours.iter().zip(&remote.servers) {
-            let name = proxy_name(flavour);
-            let proxy = api.get(&format!("/proxies/{name}")).await?;
-            let listen = proxy["listen"].as_str().unwrap_or_default();
-            let mut p = RemoteProxy {
-                addr: reachable(listen, &api_host)?,
-                name,
-                server: server.clone(),
-                profile: None,
-            };
-            // Every profile once, so one the proxy host refuses fails the run now, not a cell.
-            for profile in 0..exp.profiles.len() {
-                api.set_profile(&mut p, profile)
-                    .await
-                    .with_context(|| format!("profile {}", exp.profiles[profile].name))?;
+            match api.prepare(exp, flavour, server, &api_host).await {
+                Ok(p) => proxies.push(p),
+                Err(e) => {
+                    // Leave the proxy host as it was found.
+                    let names = exp.flavours.iter().map(|&f| proxy_name(f));
+                    api.remove(names).await;
+                    return Err(e);
+                }
             }
-            api.clear_toxics(&mut p).await?;
-            api.probe(flavour, &p, exp.seed).await?;
-            proxies.push(p);
         }
         Ok(RemoteTargets { api, proxies })
     }
@@ -160,18 +151,55 @@ impl RemoteTargets {
         }
     }
 
-    /// Removes the run's proxies from the proxy host (best effort: it may be gone).
+    /// Removes the run's proxies from the proxy host.
     pub async fn finish(self) {
-        for p in &self.proxies {
-            let path = format!("/proxies/{}", p.name);
-            if let Err(e) = client::request(&self.api.addr, Method::DELETE, &path, None).await {
-                tracing::warn!("remove proxy {}: {e}", p.name);
-            }
-        }
+        self.api
+            .remove(self.proxies.into_iter().map(|p| p.name))
+            .await;
     }
 }
 
 impl Api {
+    /// Finds the flavour's proxy, checks that every profile is accepted, clears its toxics and
+    /// sends one call through it.
+    async fn prepare(
+        &self,
+        exp: &Experiment,
+        flavour: &'static dyn Flavour,
+        server: &str,
+        api_host: &str,
+    ) -> anyhow::Result<RemoteProxy> {
+        let name = proxy_name(flavour);
+        let proxy = self.get(&format!("/proxies/{name}")).await?;
+        let listen = proxy["listen"].as_str().unwrap_or_default();
+        let mut p = RemoteProxy {
+            addr: reachable(listen, api_host)?,
+            name,
+            server: server.to_string(),
+            profile: None,
+        };
+        // Every profile once, so one the proxy host refuses fails the run now, not a cell.
+        for profile in 0..exp.profiles.len() {
+            self.set_profile(&mut p, profile)
+                .await
+                .with_context(|| format!("profile {}", exp.profiles[profile].name))?;
+        }
+        self.clear_toxics(&mut p).await?;
+        self.probe(flavour, &p, exp.seed).await?;
+        Ok(p)
+    }
+
+    /// Deletes proxies (best effort: the proxy host may be gone).
+    async fn remove(&self, names: impl Iterator<Item = String>) {
+        for name in names {
+            let path = format!("/proxies/{name}");
+            match client::request(&self.addr, Method::DELETE, &path, None).await {
+                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+                Err(e) => tracing::warn!("remove proxy {name}: {e}"),
+            }
+        }
+    }
+
     async fn get(&self, path: &str) -> anyhow::Result<Value> {
         client::request(&self.addr, Method::GET, path, None)
             .await

@@ -91,7 +91,8 @@ fn every_flavour_deducts_in_a_real_redis() {
 
 #[tokio::test]
 async fn an_unreachable_redis_fails_the_server_at_start() {
-    let dead = dead_addr().await;
+    let held = dead_addr();
+    let dead = held.addr;
     let o = faultrig(&[
         "serve",
         "--flavour",

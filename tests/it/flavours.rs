@@ -207,7 +207,8 @@ async fn failures_are_counted_by_kind() {
             held.push(s);
         }
     });
-    let down = dead_addr().await;
+    let held = dead_addr();
+    let down = held.addr;
     for &flavour in flavour::ALL {
         let name = flavour.name();
         let mut s = spec(flavour, down, Mode::Single, Workload::Order);

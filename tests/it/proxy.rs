@@ -112,7 +112,8 @@ async fn fin_propagates_after_all_data() {
 #[tokio::test]
 async fn refused_upstream_resets_the_client_and_the_proxy_serves_the_next_one() {
     for profile in ["local", "lossy-10ms-1pct"] {
-        let addr = dead_addr().await;
+        let held = dead_addr();
+        let addr = held.addr;
         let proxy = TestProxy::start(addr, profile).await;
         let started = Instant::now();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
@@ -128,6 +129,7 @@ async fn refused_upstream_resets_the_client_and_the_proxy_serves_the_next_one() 
         assert_eq!(proxy.stats.snapshot().connect_failures, 1);
 
         // The upstream comes up; the same proxy serves the next connection.
+        drop(held);
         let l = tokio::net::TcpListener::bind(addr).await.unwrap();
         let _echo = spawn_echo(l);
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();

@@ -123,9 +123,8 @@ fn failing_run(experiment: &str) -> (i32, String, Duration) {
 #[test]
 fn unreachable_hosts_fail_the_run_before_any_cell_naming_the_address() {
     let axes = "profiles = [\"lan\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n";
-    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = nobody.local_addr().unwrap().to_string();
-    drop(nobody);
+    let held = dead_addr();
+    let dead = held.addr.to_string();
 
     let server = servers(&["grpc"]);
     let no_api = format!(
@@ -168,7 +167,7 @@ fn a_server_dying_mid_run_costs_only_its_cells() {
         &file,
         format!(
             "profiles = [\"local\", \"lan\"]\nflavours = [\"grpc\", \"tcp-binary\"]\n\
-             modes = [\"single\"]\nduration = \"600ms\"\nrounds = 2\ntimeout = \"1s\"\n{}",
+             modes = [\"single\"]\nduration = \"600ms\"\nrounds = 2\ntimeout = \"5s\"\n{}",
             remote_table(&api.addr, &flavours, &servers)
         ),
     )

@@ -105,9 +105,20 @@ pub async fn listener() -> (TcpListener, SocketAddr) {
     (l, a)
 }
 
-/// An address nothing listens on (bound once, then released).
-pub async fn dead_addr() -> SocketAddr {
-    listener().await.1
+/// An address nothing listens on: a loopback port bound without listening and held until
+/// dropped, so no test running meanwhile can be given it. Connections to it are refused.
+pub struct DeadAddr {
+    _held: socket2::Socket,
+    pub addr: SocketAddr,
+}
+
+pub fn dead_addr() -> DeadAddr {
+    use socket2::{Domain, Socket, Type};
+    let held = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    held.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let addr = held.local_addr().unwrap().as_socket().unwrap();
+    DeadAddr { _held: held, addr }
 }
 
 /// Echoes every connection until the listener is dropped with the task.
