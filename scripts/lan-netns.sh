@@ -12,7 +12,7 @@
 # and on Ctrl-C. Needs root (ip netns). Traffic never leaves the namespaces created here.
 #
 #   sudo scripts/lan-netns.sh                       the full comparison (about 3 minutes)
-#   sudo scripts/lan-netns.sh --calls 20 --rounds 1 a short one (what CI runs)
+#   sudo scripts/lan-netns.sh --calls 50 --rounds 1 a short one (what CI runs)
 #
 # Options: --calls N, --rounds N, --profiles a,b, --flavours a,b, --modes a,b, --seed N,
 # --out DIR (default out), --bin PATH (a built faultrig; default: cargo build --release).
@@ -35,7 +35,7 @@ while (($#)); do
         shift 2
         ;;
     -h | --help)
-        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -133,4 +133,8 @@ $servers
 EOF
 echo "lan-netns.sh: client $client (10.231.1.1) -> proxy $proxy (10.231.1.2, API :8474) -> server $server (10.231.2.2:9001..)"
 mkdir -p "$out"
-ip netns exec "$client" "$bin" run "$work/lan-netns.toml" --out "$(realpath "$out")"
+# In the background and waited for, so a signal runs the teardown at once; every finished row is
+# already on disk.
+ip netns exec "$client" "$bin" run "$work/lan-netns.toml" --out "$(realpath "$out")" &
+pids+=($!)
+wait $!
