@@ -160,8 +160,8 @@ impl RemoteTargets {
 }
 
 impl Api {
-    /// Finds the flavour's proxy, checks that every profile is accepted, clears its toxics and
-    /// sends one call through it.
+    /// Finds the flavour's proxy, clears its toxics, sends one call through it, and checks that
+    /// every profile is accepted.
     async fn prepare(
         &self,
         exp: &Experiment,
@@ -178,14 +178,16 @@ impl Api {
             server: server.to_string(),
             profile: None,
         };
-        // Every profile once, so one the proxy host refuses fails the run now, not a cell.
+        // Ours from an earlier run, and anyone else's: the cells see only their profile.
+        self.clear_toxics(&p).await?;
+        self.probe(flavour, &p, exp.seed).await?;
+        // Every profile once, so one the proxy host refuses fails the run now, not a cell. The
+        // last stays in place (`p.profile` says so) until a cell wants another.
         for profile in 0..exp.profiles.len() {
             self.set_profile(&mut p, profile)
                 .await
                 .with_context(|| format!("profile {}", exp.profiles[profile].name))?;
         }
-        self.clear_toxics(&mut p).await?;
-        self.probe(flavour, &p, exp.seed).await?;
         Ok(p)
     }
 
@@ -221,7 +223,9 @@ impl Api {
     /// proxy's profile is unknown, so a later cell tries again.
     async fn set_profile(&self, p: &mut RemoteProxy, profile: usize) -> anyhow::Result<()> {
         p.profile = None;
-        self.clear_toxics(p).await?;
+        for (toxic, _) in PROFILE_TOXICS {
+            self.delete_toxic(&p.name, toxic).await?;
+        }
         for (toxic, stream) in PROFILE_TOXICS {
             let body = json!({
                 "name": toxic,
@@ -239,21 +243,24 @@ impl Api {
         Ok(())
     }
 
-    /// Removes every toxic of the proxy: ours from an earlier run, and anyone else's.
-    async fn clear_toxics(&self, p: &mut RemoteProxy) -> anyhow::Result<()> {
-        p.profile = None;
+    /// Removes every toxic of the proxy.
+    async fn clear_toxics(&self, p: &RemoteProxy) -> anyhow::Result<()> {
         let toxics = self.get(&format!("/proxies/{}/toxics", p.name)).await?;
         for t in toxics.as_array().into_iter().flatten() {
-            let Some(toxic) = t["name"].as_str() else {
-                continue;
-            };
-            let path = format!("/proxies/{}/toxics/{}", p.name, encode(toxic));
-            match client::request(&self.addr, Method::DELETE, &path, None).await {
-                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
-                Err(e) => return Err(e).with_context(|| format!("DELETE {path}")),
+            if let Some(toxic) = t["name"].as_str() {
+                self.delete_toxic(&p.name, toxic).await?;
             }
         }
         Ok(())
+    }
+
+    /// Deletes one toxic; one already gone is fine.
+    async fn delete_toxic(&self, proxy: &str, toxic: &str) -> anyhow::Result<()> {
+        let path = format!("/proxies/{proxy}/toxics/{}", encode(toxic));
+        match client::request(&self.addr, Method::DELETE, &path, None).await {
+            Ok(_) | Err(ClientError::Api { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("DELETE {path}")),
+        }
     }
 
     /// One call through the proxy to its server, so an unreachable host fails the run before

@@ -83,11 +83,8 @@ async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
     while let Some(frame) = framed.next().await {
         let answered = match frame {
             Ok(frame) => answer(&service, frame.freeze()).await,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                Err(ThriftError::malformed(e.to_string()))
-            }
-            Err(e) if e.kind() == io::ErrorKind::Other => {
-                // tokio-util reports a frame cut off by the peer's FIN this way.
+            // A bad length; or (Other) a frame cut off by the peer's FIN, as tokio-util says it.
+            Err(e) if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::Other) => {
                 Err(ThriftError::malformed(e.to_string()))
             }
             Err(_) => return,
@@ -122,7 +119,7 @@ async fn answer(service: &RigService, frame: Bytes) -> Result<Option<Bytes>, Thr
     }
     let reply_to = |kind: MessageType| Envelope {
         kind,
-        name: call.name.clone(),
+        name: (*call.name).into(),
         seq_id: call.seq_id,
     };
     let Some(op) = Operation::from_name(&call.name) else {
@@ -178,12 +175,12 @@ fn expect_end(r: &Reader) -> Result<(), ThriftError> {
 }
 
 /// One message: envelope then body.
-fn message(envelope: &Envelope, body: impl FnOnce(&mut Writer<'_>)) -> Bytes {
+fn message(envelope: &Envelope<'_>, body: impl FnOnce(&mut Writer<'_>)) -> Bytes {
     message_with_capacity(envelope, 64, body)
 }
 
 fn message_with_capacity(
-    envelope: &Envelope,
+    envelope: &Envelope<'_>,
     capacity: usize,
     body: impl FnOnce(&mut Writer<'_>),
 ) -> Bytes {
@@ -273,7 +270,7 @@ impl ThriftClient {
         conn.next_seq_id = seq_id.wrapping_add(1);
         let request = Envelope {
             kind: MessageType::Call,
-            name: op.name().to_string(),
+            name: op.name().into(),
             seq_id,
         };
         let frame = message_with_capacity(&request, call.protobuf_len() + 64, |w| {
