@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::bench::{BenchSpec, Mode, Stop};
 use crate::flavour::{self, Flavour};
+use crate::link::{Engine, NamespaceError};
 use crate::profile::Profile;
 use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW};
 use crate::report::{RoundSummary, Table};
@@ -56,6 +57,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Drive RPC load against a server (directly or through a proxy) and report.
     Bench(BenchArgs),
+    /// Run a command in a fresh network namespace whose traffic to this host crosses the link
+    /// engine (real packets, real kernel TCP); the host is at $FAULTRIG_HOST inside.
+    Shell(ShellArgs),
     /// List, show and check network profiles.
     Profiles {
         #[command(subcommand)]
@@ -212,6 +216,24 @@ pub struct ProxyArgs {
     /// Name of this proxy in logs; also keys its fault RNG streams.
     #[arg(long, default_value = "proxy")]
     pub name: String,
+    /// How the network is emulated: `model` (the fault model: deterministic, unprivileged) or
+    /// `kernel` (each connection crosses real kernel TCP over the link engine; needs
+    /// CAP_NET_ADMIN).
+    #[arg(long, value_parser = Engine::parse, default_value = "model")]
+    pub engine: Engine,
+}
+
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// Built-in profile name or path to a profile file (.toml).
+    #[arg(long, default_value = "lossy-10ms-1pct")]
+    pub profile: String,
+    /// Seed of the link's random streams: the same seed drops the same packet ordinals.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -395,7 +417,31 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ctl(args) => ctl(args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
+        Command::Shell(args) => shell(args),
         Command::Profiles { action } => profiles(action.unwrap_or(ProfilesAction::List)),
+    }
+}
+
+/// A proxy runs the model or the kernel engine, and the model cannot honour packet-only keys.
+fn check_engine(engine: Engine, profile: &Profile, origin: &str) -> Result<(), CliError> {
+    match engine {
+        Engine::Link => Err(CliError::Usage(
+            "--engine link: a proxy runs the `model` or `kernel` engine; `link` (no proxy at all) \
+             is for `faultrig run`"
+                .into(),
+        )),
+        Engine::Model => profile
+            .check_model_engine(origin)
+            .map_err(|e| CliError::Usage(format!("--profile: {e}"))),
+        Engine::Kernel => Ok(()),
+    }
+}
+
+/// A namespace that could not be made: the missing privilege is the user's to fix (exit 2).
+fn namespace_error(e: NamespaceError) -> CliError {
+    match e {
+        NamespaceError::Privilege(_) => CliError::Usage(e.to_string()),
+        e => CliError::Failed(e.into()),
     }
 }
 
@@ -435,6 +481,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 
 fn proxy(args: ProxyArgs) -> Result<(), CliError> {
     let profile = load_profile(&args.profile, "--profile")?;
+    check_engine(args.engine, &profile, &args.profile)?;
     let options = ProxyOptions {
         name: args.name.clone(),
         seed: args.seed,
@@ -453,6 +500,10 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
             )
         })?;
         let proxy = Proxy::new(upstream, profile, options);
+        let proxy = match args.engine {
+            Engine::Kernel => proxy.with_kernel_engine().await.map_err(namespace_error)?,
+            _ => proxy,
+        };
         let stats = proxy.stats();
         proxy
             .run(listener, shutdown_signal())
@@ -671,6 +722,24 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+fn shell(args: ShellArgs) -> Result<(), CliError> {
+    use crate::link::shell::{self, ShellError};
+    let profile = load_profile(&args.profile, "--profile")?;
+    let rt = runtime()?;
+    let code = rt.block_on(shell::run(&profile, args.seed, &args.command));
+    match code {
+        Ok(0) => Ok(()),
+        Ok(code) => {
+            // The command's own exit code is faultrig's; it has said what went wrong.
+            drop(rt);
+            std::process::exit(code)
+        }
+        Err(ShellError::Namespace(e)) => Err(namespace_error(e)),
+        Err(e @ ShellError::Spawn { .. }) => Err(CliError::Usage(format!("faultrig shell: {e}"))),
+        Err(e) => Err(CliError::Failed(anyhow::anyhow!("faultrig shell: {e}"))),
     }
 }
 

@@ -209,42 +209,12 @@ impl LinkModel {
     }
 
     fn jittered(&mut self, t: Duration) -> Duration {
-        let j = self.params.jitter.as_secs_f64();
-        if j == 0.0 {
-            return t;
-        }
-        let offset = match self.params.jitter_distribution {
-            JitterDistribution::Uniform => self.rng.random_range(-j..=j),
-            JitterDistribution::Normal => {
-                let z: f64 = StandardNormal.sample(&mut self.rng);
-                z * j
-            }
-            JitterDistribution::Pareto => {
-                // Lomax: scale·(U^(-1/shape) − 1) with scale chosen for mean j.
-                let u: f64 = 1.0 - self.rng.random::<f64>(); // (0, 1]
-                j * (PARETO_SHAPE - 1.0) * (u.powf(-1.0 / PARETO_SHAPE) - 1.0)
-            }
-        };
-        if offset >= 0.0 {
-            t + Duration::from_secs_f64(offset)
-        } else {
-            t.saturating_sub(Duration::from_secs_f64(-offset))
-        }
+        jittered(&self.params, t, &mut self.rng)
     }
 
     /// One draw of the loss process (advancing Gilbert–Elliott's state).
     fn draw_loss(&mut self) -> bool {
-        match self.params.loss {
-            LossProcess::None => false,
-            LossProcess::Bernoulli { p } => self.rng.random::<f64>() < p,
-            LossProcess::GilbertElliott { p, r, h, k } => {
-                let delivered = if self.bad_state { h } else { k };
-                let lost = self.rng.random::<f64>() >= delivered;
-                let flip = self.rng.random::<f64>();
-                self.bad_state = if self.bad_state { flip >= r } else { flip < p };
-                lost
-            }
-        }
+        draw_loss(&self.params.loss, &mut self.bad_state, &mut self.rng)
     }
 
     /// Extra time a lost segment needs, given how many segments follow it in its flight.
@@ -343,6 +313,48 @@ impl ConnectionModel {
             setup,
             syn_losses,
             synack_losses,
+        }
+    }
+}
+
+/// `t` moved by one jitter draw of `params` (never before zero). Shared with the packet engine,
+/// so a profile's jitter means the same thing on both.
+pub(crate) fn jittered(params: &LinkParams, t: Duration, rng: &mut ChaCha8Rng) -> Duration {
+    let j = params.jitter.as_secs_f64();
+    if j == 0.0 {
+        return t;
+    }
+    let offset = match params.jitter_distribution {
+        JitterDistribution::Uniform => rng.random_range(-j..=j),
+        JitterDistribution::Normal => {
+            let z: f64 = StandardNormal.sample(rng);
+            z * j
+        }
+        JitterDistribution::Pareto => {
+            // Lomax: scale·(U^(-1/shape) − 1) with scale chosen for mean j.
+            let u: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
+            j * (PARETO_SHAPE - 1.0) * (u.powf(-1.0 / PARETO_SHAPE) - 1.0)
+        }
+    };
+    if offset >= 0.0 {
+        t + Duration::from_secs_f64(offset)
+    } else {
+        t.saturating_sub(Duration::from_secs_f64(-offset))
+    }
+}
+
+/// One draw of a loss process; `bad_state` is Gilbert–Elliott's state (false = good), advanced
+/// by the draw. Shared with the packet engine, so a profile's loss means the same on both.
+pub(crate) fn draw_loss(loss: &LossProcess, bad_state: &mut bool, rng: &mut ChaCha8Rng) -> bool {
+    match *loss {
+        LossProcess::None => false,
+        LossProcess::Bernoulli { p } => rng.random::<f64>() < p,
+        LossProcess::GilbertElliott { p, r, h, k } => {
+            let delivered = if *bad_state { h } else { k };
+            let lost = rng.random::<f64>() >= delivered;
+            let flip = rng.random::<f64>();
+            *bad_state = if *bad_state { flip >= r } else { flip < p };
+            lost
         }
     }
 }

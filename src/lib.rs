@@ -10,6 +10,8 @@
 //! - [`toxic`]: faults switched on while a proxy runs (Toxiproxy's toxics and ours), resolved
 //!   per connection into model parameters; pure, like [`fault`].
 //! - [`proxy`]: the TCP proxy that puts the model between real sockets, with live counters.
+//! - [`link`]: the link engine: real kernel TCP over an impaired packet path (TUN devices in
+//!   private network namespaces), for `faultrig shell` and the proxy's kernel engine.
 //! - [`api`]: the control API (Toxiproxy's REST API and Prometheus metrics) over named proxies.
 //! - [`rig`]: the operations of `proto/rig.proto` as [`rig::Call`] / [`rig::Reply`];
 //!   [`service`] answers them, once, for every flavour's server, with an optional downstream
@@ -30,6 +32,7 @@ pub mod cli;
 pub mod experiment;
 pub mod fault;
 pub mod flavour;
+pub mod link;
 pub mod local_redis;
 pub mod net;
 pub mod profile;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::units::{format_duration, format_rate, parse_duration, parse_rate};
+use crate::units::{format_duration, format_rate, parse_duration, parse_rate, parse_size};
 
 /// Default maximum segment size: a 1500-byte Ethernet MTU minus IP/TCP headers and timestamps.
 pub const DEFAULT_MSS: u32 = 1448;
@@ -65,7 +65,42 @@ pub struct LinkParams {
     pub mss: u32,
     /// Floor of the retransmission timeout.
     pub rto_min: Duration,
+    /// The sender's congestion control: pinned on the packet engines' sockets.
+    pub congestion_control: CongestionControl,
+    /// Packet engines only: byte limit of the serialisation queue (drop-tail beyond it).
+    pub queue_limit: u64,
+    /// Packet engines only: probability that a packet skips the delay (netem's `reorder`).
+    pub reorder: f64,
+    /// Packet engines only: probability that a packet is delivered twice.
+    pub duplicate: f64,
+    /// Packet engines only: probability that one bit of a packet is flipped.
+    pub corrupt: f64,
 }
+
+/// A TCP congestion control algorithm, by its Linux name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionControl {
+    /// Linux's default on most distributions.
+    Cubic,
+    /// Paces every flight; treats random loss very differently from CUBIC.
+    Bbr,
+    Reno,
+}
+
+impl CongestionControl {
+    /// The name `TCP_CONGESTION` and `tcp_congestion_control` take.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CongestionControl::Cubic => "cubic",
+            CongestionControl::Bbr => "bbr",
+            CongestionControl::Reno => "reno",
+        }
+    }
+}
+
+/// netem's default queue: 1000 full-size packets.
+pub const DEFAULT_QUEUE_LIMIT: u64 = 1000 * 1500;
 
 /// How a jitter draw is added to the one-way delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -151,6 +186,20 @@ impl LinkParams {
             && self.jitter.is_zero()
             && self.loss.mean_loss() == 0.0
             && self.rate_bps.is_none()
+            && self.packet_only_keys().next().is_none()
+    }
+
+    /// The keys set here that only a packet engine can honour (a byte stream cannot be
+    /// reordered, duplicated or corrupted without breaking TCP's promise).
+    pub fn packet_only_keys(&self) -> impl Iterator<Item = &'static str> {
+        [
+            ("reorder", self.reorder),
+            ("duplicate", self.duplicate),
+            ("corrupt", self.corrupt),
+        ]
+        .into_iter()
+        .filter(|(_, p)| *p > 0.0)
+        .map(|(key, _)| key)
     }
 }
 
@@ -164,6 +213,11 @@ impl Default for LinkParams {
             rate_bps: None,
             mss: DEFAULT_MSS,
             rto_min: DEFAULT_RTO_MIN,
+            congestion_control: CongestionControl::Cubic,
+            queue_limit: DEFAULT_QUEUE_LIMIT,
+            reorder: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
         }
     }
 }
@@ -177,6 +231,29 @@ impl Profile {
     /// Names of the built-in profiles, in the order `profiles list` shows them.
     pub fn builtin_names() -> impl Iterator<Item = &'static str> {
         BUILTIN.iter().map(|(name, _)| *name)
+    }
+
+    /// Refuses a profile that needs a packet engine, naming the first such key: the model
+    /// proxy works on a byte stream and cannot honour it. `origin` names where it came from.
+    pub fn check_model_engine(&self, origin: &str) -> Result<(), ProfileError> {
+        for (table, link) in [
+            ("upstream", &self.upstream),
+            ("downstream", &self.downstream),
+        ] {
+            if let Some(key) = link.packet_only_keys().next() {
+                return Err(ProfileError {
+                    origin: origin.to_string(),
+                    line: None,
+                    key: Some(format!("{table}.{key}")),
+                    message: format!(
+                        "`{key}` works on packets, which only the packet engines have; the model \
+                         proxy works on a byte stream and cannot honour it: use --engine kernel \
+                         (or link), or remove the key"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A built-in profile by name.
@@ -347,6 +424,11 @@ struct RawLink {
     mss: Option<Mss>,
     rto_min: Option<Dur>,
     burst: Option<RawBurst>,
+    congestion_control: Option<CongestionControl>,
+    queue_limit: Option<QueueLimit>,
+    reorder: Option<Probability>,
+    duplicate: Option<Probability>,
+    corrupt: Option<Probability>,
 }
 
 impl RawLink {
@@ -385,6 +467,21 @@ impl RawLink {
         }
         if let Some(d) = self.rto_min {
             p.rto_min = d.0;
+        }
+        if let Some(cc) = self.congestion_control {
+            p.congestion_control = cc;
+        }
+        if let Some(q) = self.queue_limit {
+            p.queue_limit = q.0;
+        }
+        for (field, value) in [
+            (&mut p.reorder, self.reorder),
+            (&mut p.duplicate, self.duplicate),
+            (&mut p.corrupt, self.corrupt),
+        ] {
+            if let Some(Probability(v)) = value {
+                *field = v;
+            }
         }
         p
     }
@@ -459,6 +556,31 @@ impl<'de> Deserialize<'de> for Rate {
     }
 }
 
+/// A queue's byte limit: a size ("64KiB", "1MB") or an integer in bytes, at least one packet.
+struct QueueLimit(u64);
+
+impl<'de> Deserialize<'de> for QueueLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Int(i64),
+            Str(String),
+        }
+        let bytes = match Either::deserialize(d)? {
+            Either::Int(n) => u64::try_from(n).map_err(|_| D::Error::custom("negative size"))?,
+            Either::Str(s) => parse_size(&s).map_err(D::Error::custom)?,
+        };
+        if !(1500..=(1 << 32)).contains(&bytes) {
+            return Err(D::Error::custom(format!(
+                "queue_limit {bytes} bytes is outside 1500 B (one packet) ..= 4 GiB"
+            )));
+        }
+        Ok(QueueLimit(bytes))
+    }
+}
+
 /// A maximum segment size in a range real links use.
 struct Mss(u32);
 
@@ -489,7 +611,23 @@ impl fmt::Display for LinkParams {
         }
         writeln!(f, "rate = \"{}\"", format_rate(self.rate_bps))?;
         writeln!(f, "mss = {}", self.mss)?;
-        writeln!(f, "rto_min = \"{}\"", format_duration(self.rto_min))
+        writeln!(f, "rto_min = \"{}\"", format_duration(self.rto_min))?;
+        writeln!(
+            f,
+            "congestion_control = \"{}\"",
+            self.congestion_control.as_str()
+        )?;
+        writeln!(f, "queue_limit = {}", self.queue_limit)?;
+        for (key, p) in [
+            ("reorder", self.reorder),
+            ("duplicate", self.duplicate),
+            ("corrupt", self.corrupt),
+        ] {
+            if p > 0.0 {
+                writeln!(f, "{key} = {p:?}")?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -7,12 +7,13 @@
 //!   scheduled pipe that asks the model for release times and writes at those times.
 //! - The scheduled pipe sleeps on the precise timer of [`crate::timer`].
 
+pub mod kernel;
 pub mod pipe;
 
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -21,8 +22,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::fault::{stream_rng, ConnectionModel, Direction};
+use crate::link::{LinkStats, NamespaceError};
 use crate::profile::Profile;
 use crate::toxic::{self, Draws, Toxic};
+use kernel::KernelPath;
 
 /// Where a proxy's faults come from.
 #[derive(Clone, Debug)]
@@ -115,6 +118,8 @@ pub struct ProxyStats {
     pub upstream: DirectionStats,
     /// Server → client.
     pub downstream: DirectionStats,
+    /// The kernel engine's link: its drops are this proxy's stalls.
+    link: OnceLock<Arc<LinkStats>>,
 }
 
 /// A point-in-time copy of [`ProxyStats`].
@@ -132,14 +137,19 @@ pub struct StatsSnapshot {
 impl ProxyStats {
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let link_drops = |d| match (self.link.get(), d) {
+            (None, _) => 0,
+            (Some(l), Direction::Upstream) => l.a_to_b.dropped(),
+            (Some(l), Direction::Downstream) => l.b_to_a.dropped(),
+        };
         StatsSnapshot {
             connections: get(&self.connections),
             active: get(&self.active),
             connect_failures: get(&self.connect_failures),
             bytes_up: get(&self.upstream.bytes),
             bytes_down: get(&self.downstream.bytes),
-            stalls_up: get(&self.upstream.stalls),
-            stalls_down: get(&self.downstream.stalls),
+            stalls_up: get(&self.upstream.stalls) + link_drops(Direction::Upstream),
+            stalls_down: get(&self.downstream.stalls) + link_drops(Direction::Downstream),
         }
     }
 }
@@ -150,6 +160,8 @@ struct Shared {
     faults: Faults,
     options: ProxyOptions,
     stats: Arc<ProxyStats>,
+    /// The kernel engine's namespaces and link, when this proxy uses it.
+    kernel: Option<KernelPath>,
 }
 
 /// One fault proxy: an upstream address, a profile and its counters.
@@ -181,8 +193,22 @@ impl Proxy {
                 faults,
                 options,
                 stats,
+                kernel: None,
             }),
         }
+    }
+
+    /// Moves this proxy onto the kernel engine: sets up its namespace pair and link now, so a
+    /// missing privilege is reported before anything listens. Only for a fixed profile.
+    pub async fn with_kernel_engine(mut self) -> Result<Proxy, NamespaceError> {
+        let shared = Arc::get_mut(&mut self.shared).expect("a new proxy is not shared yet");
+        let Faults::Fixed(profile) = &shared.faults else {
+            panic!("the kernel engine takes a fixed profile");
+        };
+        let path = KernelPath::new(profile, shared.options.seed, &shared.options.name).await?;
+        let _ = shared.stats.link.set(path.link_stats());
+        shared.kernel = Some(path);
+        Ok(self)
     }
 
     /// The live counters; keep the `Arc` to read them while the proxy runs.
@@ -263,13 +289,17 @@ async fn serve_connection(
         shared.options.name.as_str(),
         shared.options.window,
     );
-    match &shared.faults {
-        Faults::Fixed(profile) if profile.is_unimpaired() => pipe::copy_both(ends).await,
-        Faults::Fixed(profile) => {
+    match (&shared.faults, &shared.kernel) {
+        (_, Some(path)) => {
+            let setup = shared.options.connect_timeout;
+            kernel::serve(path, &client, &upstream, stats, &cancel, setup).await
+        }
+        (Faults::Fixed(profile), None) if profile.is_unimpaired() => pipe::copy_both(ends).await,
+        (Faults::Fixed(profile), None) => {
             let model = ConnectionModel::new(profile, seed, name, ordinal);
             pipe::schedule_both(ends, model, accepted_at, window, None).await;
         }
-        Faults::Live { base, toxics } => {
+        (Faults::Live { base, toxics }, None) => {
             // Always the scheduled pipe: a toxic may arrive at any moment, and the copy path
             // has no place to apply it.
             let mut toxics = toxics.clone();
