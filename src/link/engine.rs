@@ -197,16 +197,16 @@ async fn create_device(end: End<'_>, addr: Ipv4Addr, peer: Ipv4Addr) -> io::Resu
             .with(|b| {
                 b.tx_queue_len(TX_QUEUE_LEN);
             })
-            .enable(true)
             .build_sync()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create a TUN device: {e}")))
     };
     let build = move || -> io::Result<SyncDevice> {
         let device = build()?;
-        // IPv6 would only add router solicitations to the counters (and to the loss draws).
-        if let Ok(name) = device.name() {
-            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
-        }
+        // Before the device is up: IPv6 would send router solicitations and MLD reports of its
+        // own, which would take loss draws and shift every seeded drop by a packet.
+        let name = device.name()?;
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+        device.enabled(true)?;
         Ok(device)
     };
     match end {
@@ -301,16 +301,26 @@ async fn read_loop(
         // Everything the kernel has queued, before sleeping again.
         loop {
             let now = Instant::now() - base;
-            counters.packets.fetch_add(1, Ordering::Relaxed);
-            counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
-            match impairment.packet(now, n) {
-                Fate::Dropped(DropCause::Loss) => {
+            // The devices have IPv4 addresses only; what else appears is the kernel's IPv6
+            // housekeeping (a router solicitation when a device comes up, sent before IPv6 can
+            // be switched off on it). Carrying it would give it a loss draw and shift every
+            // seeded drop after it by one packet, so it is not carried.
+            let fate = if buf[0] >> 4 == 4 {
+                counters.packets.fetch_add(1, Ordering::Relaxed);
+                counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                Some(impairment.packet(now, n))
+            } else {
+                None
+            };
+            match fate {
+                None => {}
+                Some(Fate::Dropped(DropCause::Loss)) => {
                     counters.dropped_loss.fetch_add(1, Ordering::Relaxed);
                 }
-                Fate::Dropped(DropCause::Queue) => {
+                Some(Fate::Dropped(DropCause::Queue)) => {
                     counters.dropped_queue.fetch_add(1, Ordering::Relaxed);
                 }
-                Fate::Delivered(d) => {
+                Some(Fate::Delivered(d)) => {
                     let mut packet = buf[..n].to_vec();
                     if let Some(bit) = d.corrupt.and_then(|draw| corrupt_bit(&packet, draw)) {
                         packet[bit / 8] ^= 1 << (bit % 8);

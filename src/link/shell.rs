@@ -96,10 +96,13 @@ fn summarise(stats: &LinkStats, profile: &Profile) {
     use std::sync::atomic::Ordering::Relaxed;
     let side = |c: &super::engine::DirectionCounters| {
         format!(
-            "{} packets, {} lost, {} queue drops",
+            "{} packets, {} lost, {} queue drops, {} duplicated, {} corrupted, {} reordered",
             c.packets.load(Relaxed),
             c.dropped_loss.load(Relaxed),
-            c.dropped_queue.load(Relaxed)
+            c.dropped_queue.load(Relaxed),
+            c.duplicated.load(Relaxed),
+            c.corrupted.load(Relaxed),
+            c.reordered.load(Relaxed),
         )
     };
     eprintln!(

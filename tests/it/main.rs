@@ -4,6 +4,7 @@ mod api;
 mod cli;
 mod downstream;
 mod flavours;
+mod link;
 mod proxy;
 mod remote;
 mod run;

@@ -4,6 +4,7 @@
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
+use faultrig::link::Engine;
 use faultrig::proxy::ProxyOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -15,7 +16,7 @@ const BULK: usize = 64 << 20;
 
 /// 64 MiB of random bytes each way at once, hashed at both ends. The client half-closes after
 /// sending while still receiving, so this also checks that FIN follows all the data.
-async fn bulk_both_ways(profile: &str) {
+pub(crate) async fn bulk_both_ways(profile: &str, engine: Engine) {
     let (l, server_addr) = listener().await;
     let server = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -23,7 +24,7 @@ async fn bulk_both_ways(profile: &str) {
         let (received, sent) = tokio::join!(hash_to_eof(r), send_random(w, 2, BULK));
         (received, sent)
     });
-    let proxy = TestProxy::start(server_addr, profile).await;
+    let proxy = TestProxy::start_engine(server_addr, profile, engine).await;
     let client = async {
         let s = TcpStream::connect(proxy.addr).await.unwrap();
         let (r, w) = s.into_split();
@@ -58,21 +59,21 @@ async fn bulk_both_ways(profile: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_64mib_each_way_local() {
-    bulk_both_ways("local").await;
+    bulk_both_ways("local", Engine::Model).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_64mib_each_way_lan() {
-    bulk_both_ways("lan").await;
+    bulk_both_ways("lan", Engine::Model).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_64mib_each_way_lossy() {
-    bulk_both_ways("lossy-10ms-1pct").await;
+    bulk_both_ways("lossy-10ms-1pct", Engine::Model).await;
 }
 
 /// Request, FIN, then the server answers on the half-closed connection and closes.
-async fn half_close(profile: &str) {
+pub(crate) async fn half_close(profile: &str, engine: Engine) {
     let (l, addr) = listener().await;
     let reply = vec![7u8; 1 << 20];
     let expected = reply.clone();
@@ -84,7 +85,7 @@ async fn half_close(profile: &str) {
         s.shutdown().await.unwrap();
         got
     });
-    let proxy = TestProxy::start(addr, profile).await;
+    let proxy = TestProxy::start_engine(addr, profile, engine).await;
     let mut c = TcpStream::connect(proxy.addr).await.unwrap();
     let request: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
     c.write_all(&request).await.unwrap();
@@ -105,7 +106,7 @@ async fn half_close(profile: &str) {
 #[tokio::test]
 async fn fin_propagates_after_all_data() {
     for profile in ["local", "lan", "lossy-10ms-1pct"] {
-        half_close(profile).await;
+        half_close(profile, Engine::Model).await;
     }
 }
 

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
+use faultrig::link::Engine;
 use faultrig::profile::Profile;
 use faultrig::proxy::{Proxy, ProxyOptions, ProxyStats};
 use rand::{Rng, RngCore, SeedableRng};
@@ -34,10 +35,28 @@ impl TestProxy {
         profile: &str,
         options: ProxyOptions,
     ) -> TestProxy {
+        Self::start_full(upstream, profile, options, Engine::Model).await
+    }
+
+    /// A proxy on `engine` (the kernel engine needs root).
+    pub async fn start_engine(upstream: SocketAddr, profile: &str, engine: Engine) -> TestProxy {
+        Self::start_full(upstream, profile, ProxyOptions::default(), engine).await
+    }
+
+    async fn start_full(
+        upstream: SocketAddr,
+        profile: &str,
+        options: ProxyOptions,
+        engine: Engine,
+    ) -> TestProxy {
         let profile = Profile::load(profile).expect("profile");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let proxy = Proxy::new(upstream.to_string(), profile, options);
+        let proxy = match engine {
+            Engine::Kernel => proxy.with_kernel_engine().await.expect("kernel engine"),
+            _ => proxy,
+        };
         let stats = proxy.stats();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(proxy.run(listener, async move {
