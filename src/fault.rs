@@ -288,6 +288,15 @@ impl LinkModel {
     }
 }
 
+/// Loss processes that stand in for the links' own for the handshake's packets only (`syn_loss`
+/// toxics), each for the packet that travels its way: the client's SYN upstream, the server's
+/// SYN-ACK downstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HandshakeLoss {
+    pub syn: Option<LossProcess>,
+    pub synack: Option<LossProcess>,
+}
+
 /// Both directions of one connection, with the handshake already drawn.
 #[derive(Clone, Debug)]
 pub struct ConnectionModel {
@@ -304,14 +313,20 @@ pub struct ConnectionModel {
 impl ConnectionModel {
     /// The model of connection number `ordinal` of proxy `proxy` in a run seeded with `seed`.
     pub fn new(profile: &Profile, seed: u64, proxy: &str, ordinal: u64) -> ConnectionModel {
-        ConnectionModel::with_handshake_loss(profile, None, seed, proxy, ordinal)
+        ConnectionModel::with_handshake_loss(
+            profile,
+            HandshakeLoss::default(),
+            seed,
+            proxy,
+            ordinal,
+        )
     }
 
-    /// Like [`ConnectionModel::new`], with SYNs and SYN-ACKs lost by `handshake_loss` instead
-    /// of the links' own loss processes (when given).
+    /// Like [`ConnectionModel::new`], with the SYN and the SYN-ACK lost by `handshake_loss`'s
+    /// processes instead of their links' own (where given).
     pub fn with_handshake_loss(
         profile: &Profile,
-        handshake_loss: Option<LossProcess>,
+        handshake_loss: HandshakeLoss,
         seed: u64,
         proxy: &str,
         ordinal: u64,
@@ -327,9 +342,10 @@ impl ConnectionModel {
             timing,
             stream_rng(seed, proxy, ordinal, Direction::Downstream),
         );
-        let (syn_stall, syn_losses) = upstream.handshake_stall(&profile.connect, handshake_loss);
+        let (syn_stall, syn_losses) =
+            upstream.handshake_stall(&profile.connect, handshake_loss.syn);
         let (synack_stall, synack_losses) =
-            downstream.handshake_stall(&profile.connect, handshake_loss);
+            downstream.handshake_stall(&profile.connect, handshake_loss.synack);
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
