@@ -90,7 +90,9 @@ impl BenchOutcome {
     pub fn row(&self, spec: &BenchSpec) -> Row {
         let per_call = |bytes: u64| (self.calls > 0).then(|| bytes.div_ceil(self.calls));
         let mut row = Row {
-            started_at: humantime::format_rfc3339_seconds(self.started_at).to_string(),
+            // Milliseconds: the report tells rows that ran at once from rows that ran one
+            // after the other by these times.
+            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
             flavour: spec.flavour.name().to_string(),
             mode: spec.mode.to_string(),
             workload: spec.workload.to_string(),

@@ -300,3 +300,37 @@ fn bad_bench_and_serve_flags_exit_2() {
         assert!(!stderr(&o).trim().is_empty());
     }
 }
+
+/// Two bench runs appended to one CSV are two rounds, not two hosts at once: the report
+/// averages their calls/s instead of adding them up.
+#[test]
+fn two_runs_appended_to_one_csv_are_not_added_up() {
+    let server = Listening::start(&["serve", "--flavour", "tcp-binary"]);
+    let dir = tempdir();
+    let csv = dir.path().join("twice.csv");
+    for _ in 0..2 {
+        let o = faultrig(&[
+            "bench",
+            "--flavour",
+            "tcp-binary",
+            "--target",
+            &server.addr,
+            "--calls",
+            "200",
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let rows = faultrig::results::read(&csv).unwrap();
+    let rate = |r: &faultrig::results::Row| r.calls as f64 / (r.elapsed_ms.max(1) as f64 / 1e3);
+    let mean = (rate(&rows[0]) + rate(&rows[1])) / 2.0;
+    let table =
+        faultrig::report::Table::build(&rows, faultrig::report::RoundSummary::Mean).unwrap();
+    let cell = &table.cells[&(0, 0)];
+    assert!(
+        (cell.calls_per_sec - mean).abs() < 1e-6,
+        "{} calls/s, expected the mean {mean}",
+        cell.calls_per_sec
+    );
+}
