@@ -196,6 +196,16 @@ const SAMPLE_ERRORS: usize = 3;
 
 /// Runs warm-up (if any), then the measured phase, and closes the connections.
 pub async fn run(spec: &BenchSpec) -> BenchOutcome {
+    run_with(spec, async {}).await.0
+}
+
+/// Like [`run`], awaiting `measuring` after the warm-up, right before the measured phase, and
+/// returning its output too: the runner reads its proxy's and server's counters there, so they
+/// cover the same calls as the row.
+pub async fn run_with<T>(
+    spec: &BenchSpec,
+    measuring: impl std::future::Future<Output = T>,
+) -> (BenchOutcome, T) {
     let wire = Arc::new(WireCounters::default());
     let connections = Arc::new(Connections::new(
         spec.flavour,
@@ -212,6 +222,7 @@ pub async fn run(spec: &BenchSpec) -> BenchOutcome {
         };
         phase(&warm, generator.clone(), connections.clone()).await;
     }
+    let before = measuring.await;
     let carried = connections.open() as u64;
     let (opened, out, inn) = (
         wire.opened.load(Ordering::Relaxed),
@@ -250,7 +261,7 @@ pub async fn run(spec: &BenchSpec) -> BenchOutcome {
         }
     }
     outcome.calls = outcome.ok + outcome.failed();
-    outcome
+    (outcome, before)
 }
 
 async fn phase(

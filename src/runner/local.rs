@@ -75,16 +75,20 @@ impl LocalTargets {
         (&target.server, &target.proxies[cell.profile])
     }
 
-    /// The address of the cell's proxy, and the counters before it.
-    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+    /// The address of the cell's proxy.
+    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> String {
+        self.target(exp, cell).1.addr.clone()
+    }
+
+    /// The counters as the measured calls begin; the server's peak RSS starts again here.
+    pub fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
         let (server, proxy) = self.target(exp, cell);
         server.reset_peak_rss();
-        let probe = Probe {
+        Probe {
             proxy: Some(proxy.stats.snapshot()),
             server_cpu_ms: server.cpu_ms(),
             server_rss_kb: None,
-        };
-        (proxy.addr.clone(), probe)
+        }
     }
 
     /// The counters after the cell.

@@ -133,3 +133,26 @@ fn a_bad_experiment_fails_before_any_traffic() {
         assert!(!out.exists(), "nothing written before validation passed");
     }
 }
+
+/// The proxy and server columns cover the calls of the row, not the warm-up before them: the
+/// bytes the proxy carried upstream are the bytes the client wrote in the measured phase.
+#[test]
+fn proxy_columns_leave_out_the_warmup() {
+    let run = run_experiment(
+        "profiles = [\"lan\"]\nflavours = [\"tcp-binary\"]\nmodes = [\"single\"]\ncalls = 20\n\
+         warmup = \"300ms\"\n",
+        &[],
+    );
+    for r in &run.rows {
+        // req_bytes is rounded up per call, so calls × req_bytes is at least what was written.
+        let written = r.calls * r.req_bytes.unwrap();
+        let carried = r.bytes_up.unwrap();
+        assert!(
+            carried <= written,
+            "the proxy carried {carried} bytes upstream for {} calls of {} bytes",
+            r.calls,
+            r.req_bytes.unwrap()
+        );
+        assert!(carried > 0);
+    }
+}
