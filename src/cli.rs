@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::bench::{BenchSpec, Mode, Stop};
 use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
-use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW};
+use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW, MAX_WINDOW};
 use crate::report::{RoundSummary, Table};
 use crate::service::{Downstream, RigService};
 use crate::units;
@@ -144,10 +144,11 @@ pub struct BenchArgs {
     #[arg(long, value_parser = Workload::parse, default_value = "order")]
     pub workload: Workload,
     /// Concurrent workers.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=crate::bench::MAX_CONCURRENCY as i64))]
     pub concurrency: u32,
     /// Total calls, shared among the workers.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=crate::bench::MAX_CALLS))]
     pub calls: Option<u64>,
     /// Measure for this long instead of a call count.
     #[arg(long, value_parser = parse_positive_duration)]
@@ -204,7 +205,7 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Bytes buffered per direction before the proxy stops reading (e.g. 4MiB).
-    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_WINDOW)]
+    #[arg(long, value_parser = parse_window, default_value_t = DEFAULT_WINDOW)]
     pub window: usize,
     /// Give up connecting to the upstream after this long.
     #[arg(long, value_parser = units::parse_duration, default_value = "5s")]
@@ -342,16 +343,25 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
+    let range = crate::bench::RATE_RANGE;
     match s.parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        Ok(r) if range.contains(&r) => Ok(r),
         _ => Err(format!(
-            "\"{s}\" is not a positive number of calls per second"
+            "\"{s}\" is not a number of calls per second from {} to {}",
+            range.start(),
+            range.end()
         )),
     }
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
-    units::parse_size(s).map(|n| n as usize)
+fn parse_window(s: &str) -> Result<usize, String> {
+    match units::parse_size(s)? {
+        n if n == 0 || n > MAX_WINDOW as u64 => Err(format!(
+            "\"{s}\" is not a window from 1 B to {} MiB",
+            MAX_WINDOW >> 20
+        )),
+        n => Ok(n as usize),
+    }
 }
 
 /// What went wrong, and so which exit code to use.

@@ -19,6 +19,14 @@ use crate::results::{new_histogram, Row};
 use crate::workload::{Generator, Workload};
 pub use mode::{Connections, Mode};
 
+/// Most concurrent workers (and pool connections) a cell may ask for.
+pub const MAX_CONCURRENCY: usize = 100_000;
+/// Most calls a cell may ask for: far past any run, and far from overflowing a call index.
+pub const MAX_CALLS: u64 = 1_000_000_000_000;
+/// The open loop's slowest and fastest rates, calls/s: call `i` is due at `i / rate`, which must
+/// stay a time a clock can hold.
+pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000_000.0;
+
 /// When a cell's measured phase ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Stop {

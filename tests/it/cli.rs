@@ -79,6 +79,22 @@ fn bad_profiles_name_file_line_and_key_and_exit_2() {
             ":3: key `upstream.latency`",
             "unknown field",
         ),
+        // Durations the model would overflow multiplying (RTO backoff, Pareto tails).
+        (
+            "[link]\ndelay = \"300000000000years\"\n",
+            ":2: key `link.delay`",
+            "longer than",
+        ),
+        (
+            "[link]\njitter = \"2h\"\njitter_distribution = \"pareto\"\n",
+            ":2: key `link.jitter`",
+            "longer than the 1h",
+        ),
+        (
+            "[link]\nloss = 0.01\n[link.burst]\np = 0.1\nr = 0.2\n",
+            ":2: key `link.loss`",
+            "give one",
+        ),
     ];
     for (i, (src, location, message)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("bad{i}.toml"));
@@ -109,14 +125,6 @@ fn unknown_profile_name_and_bad_flags_exit_2() {
     let o = faultrig(&["proxy", "--upstream", "127.0.0.1:9", "--listen", "nowhere"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--listen"));
-    let o = faultrig(&[
-        "proxy",
-        "--upstream",
-        "127.0.0.1:9",
-        "--window",
-        "4 parsecs",
-    ]);
-    assert_eq!(o.status.code(), Some(2));
 }
 
 /// `faultrig proxy` as its own process: prints the bound address, forwards, stops on SIGTERM.
@@ -223,81 +231,112 @@ fn a_down_target_is_data_not_an_error() {
     );
 }
 
+/// Bad flags, numbers out of range included, are one message naming the flag, and exit 2:
+/// never a panic, and never a run that starts.
 #[test]
-fn bad_bench_and_serve_flags_exit_2() {
-    for args in [
-        vec![
-            "bench",
+fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
+    let bench = |extra: &[&'static str]| {
+        let mut args = vec!["bench", "--flavour", "grpc", "--target", "127.0.0.1:1"];
+        args.extend(extra);
+        args
+    };
+    for (args, says) in [
+        (
+            vec![
+                "bench",
+                "--flavour",
+                "soap",
+                "--target",
+                "127.0.0.1:1",
+                "--calls",
+                "1",
+            ],
             "--flavour",
-            "soap",
+        ),
+        (
+            vec![
+                "bench",
+                "--flavour",
+                "grpc",
+                "--target",
+                "nowhere",
+                "--calls",
+                "1",
+            ],
             "--target",
-            "127.0.0.1:1",
-            "--calls",
-            "1",
-        ],
-        vec![
-            "bench",
-            "--flavour",
-            "grpc",
-            "--target",
-            "nowhere",
-            "--calls",
-            "1",
-        ],
-        vec![
-            "bench",
-            "--flavour",
-            "grpc",
-            "--target",
-            "127.0.0.1:1",
-            "--calls",
-            "0",
-        ],
-        vec!["bench", "--flavour", "grpc", "--target", "127.0.0.1:1"],
-        vec![
-            "bench",
-            "--flavour",
-            "grpc",
-            "--target",
-            "127.0.0.1:1",
-            "--calls",
-            "1",
+        ),
+        (bench(&["--calls", "0"]), "--calls"),
+        (bench(&["--calls", "1000000000001"]), "--calls"),
+        (bench(&[]), "--calls"),
+        (bench(&["--calls", "1", "--mode", "pool:0"]), "--mode"),
+        (
+            bench(&["--calls", "1", "--mode", "pool:10000000000000000000"]),
             "--mode",
-            "pool:0",
-        ],
-        vec![
-            "bench",
-            "--flavour",
-            "grpc",
-            "--target",
-            "127.0.0.1:1",
-            "--calls",
-            "1",
+        ),
+        (
+            bench(&["--calls", "1", "--concurrency", "100001"]),
+            "--concurrency",
+        ),
+        (bench(&["--calls", "1", "--rate", "1e-20"]), "--rate"),
+        (bench(&["--calls", "1", "--rate", "inf"]), "--rate"),
+        (bench(&["--duration", "500000000000years"]), "--duration"),
+        (bench(&["--calls", "1", "--warmup", "2years"]), "--warmup"),
+        (bench(&["--calls", "1", "--timeout", "0s"]), "--timeout"),
+        (
+            bench(&["--calls", "1", "--workload", "blob:1GiB"]),
             "--workload",
-            "blob:1GiB",
-        ],
-        vec![
-            "bench",
-            "--flavour",
-            "grpc",
-            "--target",
-            "127.0.0.1:1",
-            "--calls",
-            "1",
+        ),
+        (
+            bench(&["--calls", "1", "--csv", "/nonexistent/x.csv"]),
             "--csv",
-            "/nonexistent/x.csv",
-        ],
-        vec![
-            "serve",
-            "--flavour",
-            "grpc",
+        ),
+        (
+            vec![
+                "serve",
+                "--flavour",
+                "grpc",
+                "--downstream",
+                "carrier-pigeon",
+            ],
             "--downstream",
-            "carrier-pigeon",
-        ],
+        ),
+        (
+            vec![
+                "proxy",
+                "--upstream",
+                "127.0.0.1:9",
+                "--window",
+                "4 parsecs",
+            ],
+            "--window",
+        ),
+        (
+            vec![
+                "proxy",
+                "--upstream",
+                "127.0.0.1:9",
+                "--window",
+                "99999999999999999999",
+            ],
+            "--window",
+        ),
+        (
+            vec![
+                "proxy",
+                "--upstream",
+                "127.0.0.1:9",
+                "--connect-timeout",
+                "2years",
+            ],
+            "--connect-timeout",
+        ),
     ] {
         let o = faultrig(&args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(!stderr(&o).trim().is_empty());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} should name {says}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
 

@@ -106,30 +106,44 @@ fn the_payload_sweep_reports_its_median_round() {
 #[test]
 fn a_bad_experiment_fails_before_any_traffic() {
     let dir = tempdir();
-    for (body, key) in [
+    let exp = dir.path().join("bad.toml");
+    let path = exp.to_str().unwrap();
+    for (body, flags, says) in [
         (
             "profiles = [\"local\"]\nflavours = [\"soap\"]\nmodes = [\"single\"]\ncalls = 5\n",
-            "flavours",
+            &[][..],
+            format!("{path}:2: key `flavours`: unknown flavour"),
         ),
         (
             "profiles = [\"mars\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n",
-            "profiles",
+            &[],
+            format!("{path}:1: key `profiles`: mars"),
         ),
         (
             "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 0\n",
-            "calls",
+            &[],
+            format!("{path}:4: key `calls`: must be"),
+        ),
+        (
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"pool:99999999\"]\n\
+             calls = 5\n",
+            &[],
+            format!("{path}:3: key `modes`: bad pool size"),
+        ),
+        (
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n",
+            &["--rounds", "0"],
+            "--rounds: must be".to_string(),
         ),
     ] {
-        let exp = dir.path().join("bad.toml");
         std::fs::write(&exp, body).unwrap();
         let out = dir.path().join("out");
-        let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let mut args = vec!["run", path, "--out", out.to_str().unwrap()];
+        args.extend(flags);
+        let o = faultrig(&args);
         assert_eq!(o.status.code(), Some(2));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            err.contains(&format!("`{key}`")) && err.contains("bad.toml"),
-            "{err}"
-        );
+        assert!(err.starts_with(&format!("error: {says}")), "{err}");
         assert!(!out.exists(), "nothing written before validation passed");
     }
 }
