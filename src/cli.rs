@@ -61,6 +61,15 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ProfilesAction>,
     },
+    /// Runs PROGRAM until it exits, or until the process --parent dies (then stops it): how
+    /// `faultrig run` ties a redis-server's life to its own.
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long = "parent")]
+        parent: u32,
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +135,9 @@ pub struct ServeArgs {
     /// DECRBY per call).
     #[arg(long, value_parser = Downstream::parse, default_value = "none")]
     pub downstream: Downstream,
+    /// Exit when this process (the runner that started the server) dies.
+    #[arg(long, hide = true)]
+    pub parent: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -406,7 +418,40 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench(args),
         Command::Profiles { action } => profiles(action.unwrap_or(ProfilesAction::List)),
+        Command::Supervise { parent, program } => supervise(parent, &program),
     }
+}
+
+/// `faultrig supervise`: PROGRAM's exit status becomes ours; a SIGTERM (sent by the kernel when
+/// the parent dies, or by the parent's drop guard) stops PROGRAM first.
+fn supervise(parent: u32, program: &[String]) -> Result<(), CliError> {
+    crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    runtime()?.block_on(async {
+        let stop = shutdown_signal();
+        let mut child = tokio::process::Command::new(&program[0])
+            .args(&program[1..])
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| CliError::Failed(anyhow::anyhow!("start {}: {e}", program[0])))?;
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = stop => {
+                if let Some(pid) = child.id() {
+                    let pid = nix::unistd::Pid::from_raw(pid as i32);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                }
+                child.wait().await
+            }
+        }
+        .map_err(|e| CliError::Failed(e.into()))?;
+        match status.code() {
+            Some(0) => Ok(()),
+            _ => Err(CliError::Failed(anyhow::anyhow!(
+                "{} exited ({status})",
+                program[0]
+            ))),
+        }
+    })
 }
 
 fn load_profile(name: &str, flag: &str) -> Result<Profile, CliError> {
@@ -674,17 +719,25 @@ fn listen(
     Ok(listener)
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Completes on Ctrl-C or SIGTERM. The handlers are installed at once (in the runtime the
+/// caller is in), not when the future is first polled: a signal in between would otherwise get
+/// its default action, ending the process with no clean-up.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).expect("install a SIGINT handler");
+    let mut term = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
+    if let Some(parent) = args.parent {
+        crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    }
     let rt = runtime()?;
     rt.block_on(async move {
         // Before listening: a runner waiting for the address must never see a server that
@@ -821,13 +874,21 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         experiment.rounds,
         files.csv.display()
     );
-    let rows = runtime()?
+    let rt = runtime()?;
+    // Ctrl-C and SIGTERM alike stop the run after its finished rows, and its servers with it.
+    let interrupted = {
+        let _entered = rt.enter();
+        shutdown_signal()
+    };
+    // block_on runs the runner on this (the main) thread, which spawns the servers: their
+    // parent-death signal is tied to the spawning thread ([`crate::child`]).
+    let rows = rt
         .block_on(crate::runner::run(
             &experiment,
             &files,
             &bin,
             &args.host.clone().unwrap_or_else(host_name),
-            tokio::signal::ctrl_c(),
+            interrupted,
         ))
         .map_err(CliError::Failed)?;
     let table = Table::build(&rows, experiment.round_summary)

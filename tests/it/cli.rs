@@ -373,3 +373,46 @@ fn two_runs_appended_to_one_csv_are_not_added_up() {
         cell.calls_per_sec
     );
 }
+
+/// scripts/bench-load.sh stops the servers it started, with stand-ins for wrk, h2load and
+/// taskset (so it needs neither the tools nor two cores): no process carrying its mark is left.
+#[test]
+fn bench_load_script_leaves_no_server_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let stubs = tempdir();
+    for (name, body) in [
+        ("wrk", "echo 'Requests/sec: 1000'"),
+        ("h2load", "echo 'finished in 1.00s, 1000.00 req/s, 1MB/s'"),
+        ("taskset", "shift 2\nexec \"$@\""),
+    ] {
+        let path = stubs.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mark = format!("FAULTRIG_TEST_MARK={}", std::process::id());
+    let (key, value) = mark.split_once('=').unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench-load.sh");
+    let path = format!(
+        "{}:{}",
+        stubs.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let o = std::process::Command::new(script)
+        .args(["1", "--bin", env!("CARGO_BIN_EXE_faultrig")])
+        .env("PATH", path)
+        .env(key, value)
+        .output()
+        .unwrap();
+    let stdout = succeeded(&o);
+    assert!(stdout.contains("tcp-binary, one connection"), "{stdout}");
+    let marked: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == mark.as_bytes()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+        .collect();
+    assert!(marked.is_empty(), "left running: {marked:?}");
+}
