@@ -462,13 +462,9 @@ mod tests {
         for ordinal in 0..n {
             let mut m = ConnectionModel::new(&p, 11, "conn", ordinal);
             let losses = m.syn_losses + m.synack_losses;
-            let expected_setup = match (m.syn_losses, m.synack_losses) {
-                (0, 0) => 20 * MS,
-                (1, 0) | (0, 1) => 1020 * MS,
-                (2, 0) | (0, 2) => 3020 * MS, // 1 s, then 2 s
-                (1, 1) => 2020 * MS,
-                _ => m.setup,
-            };
+            // Each packet's k losses back off 1 s, 2 s, 4 s, …: 2^k − 1 seconds in all.
+            let backoff = |k: u32| Duration::from_secs((1 << k) - 1);
+            let expected_setup = 20 * MS + backoff(m.syn_losses) + backoff(m.synack_losses);
             assert_eq!(m.setup, expected_setup, "{m:?}");
             if losses > 0 {
                 lost_handshakes += 1;

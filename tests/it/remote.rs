@@ -305,14 +305,16 @@ fn bench_csvs_of_several_load_hosts_merge_into_one_report() {
 }
 
 /// scripts/lan-netns.sh, short: client, proxy and server in three network namespaces. Needs
-/// root for `ip netns` (CI runs as root); elsewhere it says so and passes.
+/// root for `ip netns` (CI runs as root); elsewhere it is reported as skipped ([`skip`]).
 #[test]
 fn the_three_namespace_run() {
     use std::os::unix::fs::MetadataExt;
     // /proc/self belongs to the effective user.
     if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
-        eprintln!("skipped: network namespaces need root (CI runs this as root)");
-        return;
+        return skip(
+            "remote::the_three_namespace_run",
+            "network namespaces need root (CI runs this as root)",
+        );
     }
     let scratch = tempdir();
     let out = scratch.path().join("out");
