@@ -10,16 +10,25 @@
 # twice and the figures are the mean of both rounds. Installs wrk and h2load (Debian packages
 # wrk, nghttp2-client) if they are missing. Takes about a minute and a half.
 #
-#   scripts/bench-load.sh [SECONDS_PER_RUN]   (default 5)
+#   scripts/bench-load.sh [SECONDS_PER_RUN] [--bin PATH]   (default 5; --bin skips the build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS=${1:-5}
+SECS=5
+BIN=
+while (($#)); do
+  case $1 in
+    --bin) BIN=$2; shift 2 ;;
+    *) SECS=$1; shift ;;
+  esac
+done
 if ! command -v wrk >/dev/null || ! command -v h2load >/dev/null; then
   echo "installing wrk and h2load (Debian: wrk, nghttp2-client)..."
   apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null
 fi
-cargo build --release --quiet --bin faultrig
-BIN=$PWD/target/release/faultrig
+if [[ -z $BIN ]]; then
+  cargo build --release --quiet --bin faultrig
+  BIN=$PWD/target/release/faultrig
+fi
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -32,13 +41,15 @@ trap cleanup EXIT
 SERVER_CPU="taskset -c 0"
 CLIENT_CPU="taskset -c 1"
 
-# Starts `faultrig serve --flavour $1` on core 0 and prints its address.
+# Starts `faultrig serve --flavour $1` on core 0 and sets ADDR to its address. Called in this
+# shell, never inside $(...): a server started in a subshell has its pid recorded there, and the
+# cleanup here would kill nothing.
 serve() {
   $SERVER_CPU "$BIN" serve --flavour "$1" --listen 127.0.0.1:0 >"$WORK/$1.out" 2>"$WORK/$1.err" &
   PIDS+=($!)
   for _ in $(seq 100); do
     if grep -q "listening on" "$WORK/$1.out"; then
-      sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$WORK/$1.out"
+      ADDR=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$WORK/$1.out")
       return
     fi
     sleep 0.05
@@ -87,9 +98,9 @@ h2load_rps() { # target
 mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(f'{sum(v)/len(v):.0f}')" "$@"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}')" "$1" "$2"; }
 
-H1=$(serve http1-json)
-H2=$(serve http2-json)
-TB=$(serve tcp-binary)
+serve http1-json; H1=$ADDR
+serve http2-json; H2=$ADDR
+serve tcp-binary; TB=$ADDR
 
 echo "faultrig load-driver benchmark: ${SECS} s per run, server on core 0, client on core 1"
 echo

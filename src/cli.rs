@@ -14,7 +14,7 @@ use crate::bench::{BenchSpec, Mode, Stop};
 use crate::flavour::{self, Flavour};
 use crate::link::{Engine, NamespaceError};
 use crate::profile::Profile;
-use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW};
+use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW, MAX_WINDOW};
 use crate::report::{RoundSummary, Table};
 use crate::service::{Downstream, RigService};
 use crate::units;
@@ -64,6 +64,15 @@ pub enum Command {
     Profiles {
         #[command(subcommand)]
         action: Option<ProfilesAction>,
+    },
+    /// Runs PROGRAM until it exits, or until the process --parent dies (then stops it): how
+    /// `faultrig run` ties a redis-server's life to its own.
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long = "parent")]
+        parent: u32,
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<String>,
     },
 }
 
@@ -130,6 +139,9 @@ pub struct ServeArgs {
     /// DECRBY per call).
     #[arg(long, value_parser = Downstream::parse, default_value = "none")]
     pub downstream: Downstream,
+    /// Exit when this process (the runner that started the server) dies.
+    #[arg(long, hide = true)]
+    pub parent: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -148,10 +160,11 @@ pub struct BenchArgs {
     #[arg(long, value_parser = Workload::parse, default_value = "order")]
     pub workload: Workload,
     /// Concurrent workers.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=crate::bench::MAX_CONCURRENCY as i64))]
     pub concurrency: u32,
     /// Total calls, shared among the workers.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=crate::bench::MAX_CALLS))]
     pub calls: Option<u64>,
     /// Measure for this long instead of a call count.
     #[arg(long, value_parser = parse_positive_duration)]
@@ -208,7 +221,7 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Bytes buffered per direction before the proxy stops reading (e.g. 4MiB).
-    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_WINDOW)]
+    #[arg(long, value_parser = parse_window, default_value_t = DEFAULT_WINDOW)]
     pub window: usize,
     /// Give up connecting to the upstream after this long.
     #[arg(long, value_parser = units::parse_duration, default_value = "5s")]
@@ -364,16 +377,25 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
+    let range = crate::bench::RATE_RANGE;
     match s.parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        Ok(r) if range.contains(&r) => Ok(r),
         _ => Err(format!(
-            "\"{s}\" is not a positive number of calls per second"
+            "\"{s}\" is not a number of calls per second from {} to {}",
+            range.start(),
+            range.end()
         )),
     }
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
-    units::parse_size(s).map(|n| n as usize)
+fn parse_window(s: &str) -> Result<usize, String> {
+    match units::parse_size(s)? {
+        n if n == 0 || n > MAX_WINDOW as u64 => Err(format!(
+            "\"{s}\" is not a window from 1 B to {} MiB",
+            MAX_WINDOW >> 20
+        )),
+        n => Ok(n as usize),
+    }
 }
 
 /// What went wrong, and so which exit code to use.
@@ -419,6 +441,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) => bench(args),
         Command::Shell(args) => shell(args),
         Command::Profiles { action } => profiles(action.unwrap_or(ProfilesAction::List)),
+        Command::Supervise { parent, program } => supervise(parent, &program),
     }
 }
 
@@ -443,6 +466,38 @@ fn namespace_error(e: NamespaceError) -> CliError {
         NamespaceError::Privilege(_) => CliError::Usage(e.to_string()),
         e => CliError::Failed(e.into()),
     }
+}
+
+/// `faultrig supervise`: PROGRAM's exit status becomes ours; a SIGTERM (sent by the kernel when
+/// the parent dies, or by the parent's drop guard) stops PROGRAM first.
+fn supervise(parent: u32, program: &[String]) -> Result<(), CliError> {
+    crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    runtime()?.block_on(async {
+        let stop = shutdown_signal();
+        let mut child = tokio::process::Command::new(&program[0])
+            .args(&program[1..])
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| CliError::Failed(anyhow::anyhow!("start {}: {e}", program[0])))?;
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = stop => {
+                if let Some(pid) = child.id() {
+                    let pid = nix::unistd::Pid::from_raw(pid as i32);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                }
+                child.wait().await
+            }
+        }
+        .map_err(|e| CliError::Failed(e.into()))?;
+        match status.code() {
+            Some(0) => Ok(()),
+            _ => Err(CliError::Failed(anyhow::anyhow!(
+                "{} exited ({status})",
+                program[0]
+            ))),
+        }
+    })
 }
 
 fn load_profile(name: &str, flag: &str) -> Result<Profile, CliError> {
@@ -715,13 +770,18 @@ fn listen(
     Ok(listener)
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Completes on Ctrl-C or SIGTERM. The handlers are installed at once (in the runtime the
+/// caller is in), not when the future is first polled: a signal in between would otherwise get
+/// its default action, ending the process with no clean-up.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).expect("install a SIGINT handler");
+    let mut term = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
@@ -744,6 +804,9 @@ fn shell(args: ShellArgs) -> Result<(), CliError> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
+    if let Some(parent) = args.parent {
+        crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    }
     let rt = runtime()?;
     rt.block_on(async move {
         // Before listening: a runner waiting for the address must never see a server that
@@ -880,13 +943,21 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         experiment.rounds,
         files.csv.display()
     );
-    let rows = runtime()?
+    let rt = runtime()?;
+    // Ctrl-C and SIGTERM alike stop the run after its finished rows, and its servers with it.
+    let interrupted = {
+        let _entered = rt.enter();
+        shutdown_signal()
+    };
+    // block_on runs the runner on this (the main) thread, which spawns the servers: their
+    // parent-death signal is tied to the spawning thread ([`crate::child`]).
+    let rows = rt
         .block_on(crate::runner::run(
             &experiment,
             &files,
             &bin,
             &args.host.clone().unwrap_or_else(host_name),
-            tokio::signal::ctrl_c(),
+            interrupted,
         ))
         .map_err(CliError::Failed)?;
     let table = Table::build(&rows, experiment.round_summary)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::bench::{Mode, Stop};
+use crate::bench::{Mode, Stop, MAX_CALLS, MAX_CONCURRENCY};
 use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
 use crate::report::RoundSummary;
@@ -152,12 +152,66 @@ pub struct ExperimentFile {
     pub timeout: Option<String>,
     /// Servers and proxy on other hosts.
     pub remote: Option<RemoteFile>,
+    /// Where each value came from, so a message names the file's line or the flag.
+    #[serde(skip)]
+    pub sources: Sources,
+}
+
+/// Where an experiment's values came from: keys (`calls`, `remote.api`, …) with the file line
+/// that set them, and the keys a command-line flag replaced.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    lines: BTreeMap<String, usize>,
+    flags: Vec<String>,
+}
+
+impl Sources {
+    /// The lines of every key of `src` (already known to be valid TOML), down to the
+    /// `[remote.servers]` entries.
+    fn of(src: &str) -> Sources {
+        fn walk(
+            src: &str,
+            prefix: &str,
+            table: &toml::de::DeTable,
+            lines: &mut BTreeMap<String, usize>,
+        ) {
+            for (key, value) in table {
+                let name = format!("{prefix}{}", key.get_ref());
+                let line = src[..key.span().start.min(src.len())].matches('\n').count() + 1;
+                if let toml::de::DeValue::Table(inner) = value.get_ref() {
+                    walk(src, &format!("{name}."), inner, lines);
+                }
+                lines.insert(name, line);
+            }
+        }
+        let mut lines = BTreeMap::new();
+        if let Ok(doc) = toml::de::DeTable::parse(src) {
+            walk(src, "", doc.get_ref(), &mut lines);
+        }
+        Sources {
+            lines,
+            flags: Vec::new(),
+        }
+    }
+
+    /// `message` about `key`, naming where its value came from: `--flag: …` when a flag set
+    /// it, `FILE:LINE: key `k`: …` when the file did, `FILE: key `k`: …` for a missing key.
+    pub fn blame(&self, origin: &str, key: &str, message: impl std::fmt::Display) -> String {
+        let top = key.split('.').next().unwrap_or(key);
+        if self.flags.iter().any(|f| f == top) {
+            return format!("--{}: {message}", top.replace('_', "-"));
+        }
+        match self.lines.get(key) {
+            Some(line) => format!("{origin}:{line}: key `{key}`: {message}"),
+            None => format!("{origin}: key `{key}`: {message}"),
+        }
+    }
 }
 
 impl ExperimentFile {
     /// Parses experiment TOML; errors name `origin`, the line and the key.
     pub fn parse(src: &str, origin: &str) -> Result<ExperimentFile, String> {
-        toml::from_str(src).map_err(|e| {
+        let file: ExperimentFile = toml::from_str(src).map_err(|e| {
             let line = e
                 .span()
                 .map(|s| {
@@ -168,6 +222,10 @@ impl ExperimentFile {
                 })
                 .unwrap_or_default();
             format!("{origin}{line}: {}", e.message().trim())
+        })?;
+        Ok(ExperimentFile {
+            sources: Sources::of(src),
+            ..file
         })
     }
 
@@ -176,10 +234,14 @@ impl ExperimentFile {
         ExperimentFile::parse(&src, &path.display().to_string())
     }
 
-    /// Fields set in `over` replace ours (command-line flags over the file).
+    /// Fields set in `over` replace ours (command-line flags over the file); messages about
+    /// them then name the flag.
     pub fn merge(mut self, over: ExperimentFile) -> ExperimentFile {
         macro_rules! take {
-            ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f; } )* };
+            ($($f:ident),*) => { $( if over.$f.is_some() {
+                self.$f = over.$f;
+                self.sources.flags.push(stringify!($f).to_string());
+            } )* };
         }
         take!(
             name,
@@ -199,17 +261,21 @@ impl ExperimentFile {
         if over.calls.is_some() {
             self.calls = over.calls;
             self.duration = None;
+            self.sources.flags.push("calls".into());
         }
         if over.duration.is_some() {
             self.duration = over.duration;
             self.calls = None;
+            self.sources.flags.push("duration".into());
         }
         self
     }
 
-    /// Checks every value, naming the key at fault (`origin: key: message`).
+    /// Checks every value, naming the key at fault with its line (`origin:line: key `k`:
+    /// message`), or the flag that set it.
     pub fn validate(self, origin: &str) -> Result<Experiment, String> {
-        let bad = |key: &str, msg: String| format!("{origin}: `{key}`: {msg}");
+        let sources = self.sources.clone();
+        let bad = |key: &str, msg: String| sources.blame(origin, key, msg);
         let list = |key: &str, v: Option<Vec<String>>| -> Result<Vec<String>, String> {
             match v {
                 Some(v) if v.is_empty() => Err(bad(key, "must list at least one value".into())),
@@ -248,15 +314,16 @@ impl ExperimentFile {
         .map(|w| CellWorkload::parse(w).map_err(|e| bad("workloads", e)))
         .collect::<Result<Vec<_>, _>>()?;
         let concurrency = self.concurrency.unwrap_or_else(|| vec![1]);
-        if concurrency.is_empty() || concurrency.iter().any(|&c| !(1..=100_000).contains(&c)) {
-            return Err(bad("concurrency", "each value must be 1..=100000".into()));
+        let max = MAX_CONCURRENCY as i64;
+        if concurrency.is_empty() || concurrency.iter().any(|&c| !(1..=max).contains(&c)) {
+            return Err(bad("concurrency", format!("each value must be 1..={max}")));
         }
         let stop = match (self.calls, &self.duration) {
             (Some(_), Some(_)) => {
                 return Err(bad("calls", "give calls or duration, not both".into()))
             }
-            (Some(n), None) if n < 1 => {
-                return Err(bad("calls", format!("must be at least 1, got {n}")))
+            (Some(n), None) if !(1..=MAX_CALLS as i64).contains(&n) => {
+                return Err(bad("calls", format!("must be 1..={MAX_CALLS}, got {n}")))
             }
             (Some(n), None) => Stop::Calls(n as u64),
             (None, Some(d)) => match parse_duration(d).map_err(|e| bad("duration", e))? {
@@ -283,7 +350,7 @@ impl ExperimentFile {
             None => RoundSummary::Mean,
         };
         let remote = match self.remote {
-            Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, origin)?),
+            Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, &bad)?),
             None => None,
         };
         Ok(Experiment {
@@ -310,9 +377,9 @@ fn remote(
     profile_names: &[String],
     flavours: &[&'static dyn Flavour],
     workloads: &[CellWorkload],
-    origin: &str,
+    blame: &dyn Fn(&str, String) -> String,
 ) -> Result<Remote, String> {
-    let bad = |key: &str, msg: String| format!("{origin}: `remote.{key}`: {msg}");
+    let bad = |key: &str, msg: String| blame(&format!("remote.{key}"), msg);
     let api = r.api.ok_or_else(|| {
         bad(
             "api",
@@ -367,10 +434,13 @@ fn remote(
         .iter()
         .find(|w| w.downstream != DownstreamSpec::Given(Downstream::None))
     {
-        return Err(format!(
-            "{origin}: `workloads`: {} needs a server the runner starts; with [remote], start \
-             `faultrig serve --downstream ...` on the server host and use plain deduct",
-            w.label
+        return Err(blame(
+            "workloads",
+            format!(
+                "{} needs a server the runner starts; with [remote], start `faultrig serve \
+                 --downstream ...` on the server host and use plain deduct",
+                w.label
+            ),
         ));
     }
     let profile_toxics = profile_names
@@ -379,7 +449,7 @@ fn remote(
             Some(_) => Ok(serde_json::json!({ "profile": p })),
             None => std::fs::read_to_string(p)
                 .map(|text| serde_json::json!({ "toml": text }))
-                .map_err(|e| format!("{origin}: `profiles`: {p}: {e}")),
+                .map_err(|e| blame("profiles", format!("{p}: {e}"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Remote {
@@ -458,25 +528,57 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_name_their_key() {
-        let base =
-            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 10\n";
+    fn bad_values_name_their_line_and_key() {
+        let base = "seed = 3\nprofiles = [\"local\"]\nflavours = [\"grpc\"]\n\
+                    modes = [\"single\"]\n";
         for (extra, key) in [
-            ("flavours = [\"soap\"]\n", "`flavours`"),
-            ("profiles = [\"moon\"]\n", "`profiles`"),
-            ("calls = 0\n", "`calls`"),
-            ("modes = [\"pool:0\"]\n", "`modes`"),
-            ("workloads = [\"blob:1B\"]\n", "`workloads`"),
-            ("concurrency = [0]\n", "`concurrency`"),
-            ("rounds = 0\n", "`rounds`"),
+            ("flavours = [\"soap\"]", "flavours"),
+            ("profiles = [\"moon\"]", "profiles"),
+            ("calls = 0", "calls"),
+            ("calls = 1000000000001", "calls"),
+            ("modes = [\"pool:0\"]", "modes"),
+            ("modes = [\"pool:10000000000000000000\"]", "modes"),
+            ("workloads = [\"blob:1B\"]", "workloads"),
+            ("concurrency = [0]", "concurrency"),
+            ("rounds = 0", "rounds"),
+            ("warmup = \"2years\"", "warmup"),
+            ("duration = \"0s\"", "duration"),
         ] {
-            let over = ExperimentFile::parse(extra, "x.toml").unwrap();
-            let e = ExperimentFile::parse(base, "x.toml")
-                .unwrap()
-                .merge(over)
-                .validate("x.toml");
-            assert!(e.as_ref().unwrap_err().contains(key), "{extra}: {e:?}");
+            // The bad key on line 5, replacing the base's value of it.
+            let lines: Vec<&str> = base
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key} ")))
+                .collect();
+            let mut src = lines[..4.min(lines.len())].join("\n");
+            while src.lines().count() < 4 {
+                src += "\n# padding";
+            }
+            src += &format!("\n{extra}\n");
+            if key != "calls" && key != "duration" {
+                src += "calls = 1\n";
+            }
+            let e = validate(&src).unwrap_err();
+            assert!(
+                e.starts_with(&format!("x.toml:5: key `{key}`: ")),
+                "{extra}: {e}\n{src}"
+            );
         }
+        let missing = validate(base).unwrap_err();
+        assert!(
+            missing.starts_with("x.toml: key `calls`: missing"),
+            "{missing}"
+        );
+        // A flag that replaced the file's value is named instead of the file.
+        let over = ExperimentFile {
+            calls: Some(0),
+            ..ExperimentFile::default()
+        };
+        let e = ExperimentFile::parse(&format!("{base}calls = 5\n"), "x.toml")
+            .unwrap()
+            .merge(over)
+            .validate("x.toml")
+            .unwrap_err();
+        assert!(e.starts_with("--calls: must be"), "{e}");
         let e = validate("profiles = [\"local\"]\nflavors = [\"grpc\"]\n").unwrap_err();
         assert!(
             e.starts_with("x.toml:2:") && e.contains("unknown field"),

@@ -258,6 +258,15 @@ impl LinkModel {
     }
 }
 
+/// Loss processes that stand in for the links' own for the handshake's packets only (`syn_loss`
+/// toxics), each for the packet that travels its way: the client's SYN upstream, the server's
+/// SYN-ACK downstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HandshakeLoss {
+    pub syn: Option<LossProcess>,
+    pub synack: Option<LossProcess>,
+}
+
 /// Both directions of one connection, with the handshake already drawn.
 #[derive(Clone, Debug)]
 pub struct ConnectionModel {
@@ -274,14 +283,20 @@ pub struct ConnectionModel {
 impl ConnectionModel {
     /// The model of connection number `ordinal` of proxy `proxy` in a run seeded with `seed`.
     pub fn new(profile: &Profile, seed: u64, proxy: &str, ordinal: u64) -> ConnectionModel {
-        ConnectionModel::with_handshake_loss(profile, None, seed, proxy, ordinal)
+        ConnectionModel::with_handshake_loss(
+            profile,
+            HandshakeLoss::default(),
+            seed,
+            proxy,
+            ordinal,
+        )
     }
 
-    /// Like [`ConnectionModel::new`], with SYNs and SYN-ACKs lost by `handshake_loss` instead
-    /// of the links' own loss processes (when given).
+    /// Like [`ConnectionModel::new`], with the SYN and the SYN-ACK lost by `handshake_loss`'s
+    /// processes instead of their links' own (where given).
     pub fn with_handshake_loss(
         profile: &Profile,
-        handshake_loss: Option<LossProcess>,
+        handshake_loss: HandshakeLoss,
         seed: u64,
         proxy: &str,
         ordinal: u64,
@@ -297,9 +312,10 @@ impl ConnectionModel {
             timing,
             stream_rng(seed, proxy, ordinal, Direction::Downstream),
         );
-        let (syn_stall, syn_losses) = upstream.handshake_stall(&profile.connect, handshake_loss);
+        let (syn_stall, syn_losses) =
+            upstream.handshake_stall(&profile.connect, handshake_loss.syn);
         let (synack_stall, synack_losses) =
-            downstream.handshake_stall(&profile.connect, handshake_loss);
+            downstream.handshake_stall(&profile.connect, handshake_loss.synack);
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
@@ -458,13 +474,9 @@ mod tests {
         for ordinal in 0..n {
             let mut m = ConnectionModel::new(&p, 11, "conn", ordinal);
             let losses = m.syn_losses + m.synack_losses;
-            let expected_setup = match (m.syn_losses, m.synack_losses) {
-                (0, 0) => 20 * MS,
-                (1, 0) | (0, 1) => 1020 * MS,
-                (2, 0) | (0, 2) => 3020 * MS, // 1 s, then 2 s
-                (1, 1) => 2020 * MS,
-                _ => m.setup,
-            };
+            // Each packet's k losses back off 1 s, 2 s, 4 s, …: 2^k − 1 seconds in all.
+            let backoff = |k: u32| Duration::from_secs((1 << k) - 1);
+            let expected_setup = 20 * MS + backoff(m.syn_losses) + backoff(m.synack_losses);
             assert_eq!(m.setup, expected_setup, "{m:?}");
             if losses > 0 {
                 lost_handshakes += 1;

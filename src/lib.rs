@@ -21,13 +21,15 @@
 //! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
 //! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
 //!   proxies started here, or on other hosts driven through their control API), the tables.
-//! - [`net`]: listener set-up and the one accept loop every server uses.
+//! - [`net`]: listener set-up and the one accept loop every server uses; [`child`]: child
+//!   processes that end with the process that started them.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod bench;
+pub mod child;
 pub mod cli;
 pub mod experiment;
 pub mod fault;

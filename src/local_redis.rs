@@ -1,8 +1,9 @@
 //! A private `redis-server` on a free loopback port: what an experiment's `deduct@redis` cells
 //! and the tests call as their downstream. It binds 127.0.0.1 only, saves nothing to disk, and
-//! is killed and reaped on drop.
+//! is stopped and reaped on drop.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,14 +18,26 @@ pub struct LocalRedis {
 }
 
 impl LocalRedis {
-    /// Starts `redis-server` (found on PATH) and waits until it answers.
-    pub fn start() -> Result<LocalRedis, String> {
+    /// Starts `redis-server` (found on PATH) and waits until it answers. With `supervisor`
+    /// (the faultrig binary), it runs under `faultrig supervise`, so it ends when this process
+    /// does, even killed outright ([`crate::child`]).
+    pub fn start(supervisor: Option<&Path>) -> Result<LocalRedis, String> {
         // The free port is found by binding and releasing it; another process can take it in
         // between, in which case redis-server exits and we try again with another.
         let mut last_error = String::new();
         for _ in 0..3 {
             let port = free_port().map_err(|e| format!("find a free port for Redis: {e}"))?;
-            let mut child = Command::new("redis-server")
+            let mut command = match supervisor {
+                Some(bin) => {
+                    let mut c = Command::new(bin);
+                    let parent = std::process::id().to_string();
+                    c.args(["supervise", crate::child::PARENT_FLAG, &parent, "--"]);
+                    c.arg("redis-server");
+                    c
+                }
+                None => Command::new("redis-server"),
+            };
+            let mut child = command
                 .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
                 .args([
                     "--save",
@@ -44,8 +57,7 @@ impl LocalRedis {
             match wait_for_pong(&mut child, port) {
                 Ok(()) => return Ok(LocalRedis { child, port }),
                 Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
+                    crate::child::stop(&mut child);
                     last_error = e;
                 }
             }
@@ -61,8 +73,8 @@ impl LocalRedis {
 
 impl Drop for LocalRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // SIGTERM first: a supervisor stops its redis-server on it, a SIGKILL would orphan it.
+        crate::child::stop(&mut self.child);
     }
 }
 

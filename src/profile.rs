@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::units::{format_duration, format_rate, parse_duration, parse_rate, parse_size};
+use crate::units::{at_most, format_duration, format_rate, parse_duration, parse_rate, parse_size};
 
 /// Default maximum segment size: a 1500-byte Ethernet MTU minus IP/TCP headers and timestamps.
 pub const DEFAULT_MSS: u32 = 1448;
@@ -19,6 +19,10 @@ pub const DEFAULT_MSS: u32 = 1448;
 pub const DEFAULT_RTO_MIN: Duration = Duration::from_millis(200);
 /// Linux `TCP_TIMEOUT_INIT`: the first SYN retransmission timeout.
 pub const DEFAULT_SYN_RTO: Duration = Duration::from_secs(1);
+/// The longest delay, jitter or timeout a profile (or a latency toxic) may set: an hour is past
+/// any network, and the model multiplies these (an RTO backs off 2^15 times, a Pareto jitter
+/// draw reaches some 10^5 times its mean), so their products must stay far inside `Duration`.
+pub const MAX_PROFILE_DURATION: Duration = Duration::from_secs(3600);
 
 /// The built-in profiles, embedded so `--profile NAME` works from any directory.
 const BUILTIN: &[(&str, &str)] = &[
@@ -319,6 +323,23 @@ impl Profile {
                 message: e.message().trim().to_string(),
             }
         })?;
+        // A table that sets both would have one silently win: name the key instead.
+        for table in [&raw.link, &raw.upstream, &raw.downstream]
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(loss), Some(_)) = (&table.loss, &table.burst) {
+                let (line, key) = locate(src, loss.span().start);
+                return Err(ProfileError {
+                    origin: origin.to_string(),
+                    line: Some(line),
+                    key,
+                    message: "`loss` and a `burst` table in the same table: give one (burst is \
+                              Gilbert–Elliott loss in place of loss)"
+                        .into(),
+                });
+            }
+        }
         let link = raw.link.unwrap_or_default();
         let base = link.apply(LinkParams::default());
         Ok(Profile {
@@ -419,7 +440,8 @@ struct RawLink {
     delay: Option<Dur>,
     jitter: Option<Dur>,
     jitter_distribution: Option<JitterDistribution>,
-    loss: Option<Probability>,
+    /// Spanned, so `loss` set next to `burst` can be pointed at.
+    loss: Option<toml::Spanned<Probability>>,
     rate: Option<Rate>,
     mss: Option<Mss>,
     rto_min: Option<Dur>,
@@ -433,7 +455,7 @@ struct RawLink {
 
 impl RawLink {
     /// Overrides the fields this table sets. A table that sets `loss` replaces an inherited
-    /// `burst`, and the reverse; a table may not set both.
+    /// `burst`, and the reverse; a table may not set both ([`Profile::parse`] refuses it).
     fn apply(self, mut p: LinkParams) -> LinkParams {
         if let Some(d) = self.delay {
             p.delay = d.0;
@@ -444,7 +466,7 @@ impl RawLink {
         if let Some(d) = self.jitter_distribution {
             p.jitter_distribution = d;
         }
-        if let Some(Probability(loss)) = self.loss {
+        if let Some(Probability(loss)) = self.loss.map(toml::Spanned::into_inner) {
             p.loss = if loss == 0.0 {
                 LossProcess::None
             } else {
@@ -503,7 +525,8 @@ struct RawConnect {
     syn_backoff: Option<SynBackoff>,
 }
 
-/// A humantime duration string ("250us", "10ms", "1s"); negative values are refused.
+/// A humantime duration string ("250us", "10ms", "1s"); negative values and values over
+/// [`MAX_PROFILE_DURATION`] are refused.
 #[derive(Clone, Copy)]
 struct Dur(Duration);
 
@@ -513,7 +536,12 @@ impl<'de> Deserialize<'de> for Dur {
         let s = String::deserialize(d).map_err(|_| {
             D::Error::custom("a duration must be a string with a unit, like \"10ms\" or \"250us\"")
         })?;
-        parse_duration(&s).map(Dur).map_err(D::Error::custom)
+        parse_duration(&s)
+            .and_then(|d| {
+                at_most(d, MAX_PROFILE_DURATION).map_err(|e| format!("duration \"{s}\" {e}"))
+            })
+            .map(Dur)
+            .map_err(D::Error::custom)
     }
 }
 
@@ -743,6 +771,21 @@ mod tests {
 
         let e = err("[link]\ndelay = 10\n");
         assert!(e.message.contains("unit"), "{e}");
+
+        let e = err("[link]\ndelay = \"2h\"\n");
+        assert_eq!((e.line, e.key.as_deref()), (Some(2), Some("link.delay")));
+        assert!(e.message.contains("longer than the 1h"), "{e}");
+
+        let e = err("[upstream]\nrto_min = \"300000000000years\"\n");
+        assert_eq!(e.key.as_deref(), Some("upstream.rto_min"), "{e}");
+
+        let e = err("[link]\ndelay = \"1ms\"\nloss = 0.01\n[link.burst]\np = 0.1\nr = 0.2\n");
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("link.loss")),
+            "{e}"
+        );
+        assert!(e.message.contains("give one"), "{e}");
 
         let e = err("[link.burst]\np = 0.1\n");
         assert_eq!(e.key.as_deref(), Some("link.burst"), "{e}");

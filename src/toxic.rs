@@ -8,7 +8,7 @@
 //!   not a slower one);
 //! - `bandwidth`: the model's token bucket (KB/s, 1 KB = 1000 bytes, as Toxiproxy);
 //! - `loss` (ours): the packet-drop-like stall of the model, Bernoulli or Gilbert–Elliott;
-//! - `syn_loss` (ours): lost SYN / SYN-ACKs for new connections;
+//! - `syn_loss` (ours): lost SYNs (upstream) or SYN-ACKs (downstream) of new connections;
 //! - `profile` (ours): a whole named profile's impairment for this direction;
 //! - `slicer`: each chunk is cut into pieces written `delay` µs apart;
 //! - `slow_close`: the FIN waits `delay` ms;
@@ -22,7 +22,7 @@ use std::time::Duration;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::fault::{Direction, PathTiming};
+use crate::fault::{Direction, HandshakeLoss, PathTiming};
 use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile};
 
 /// One toxic as the API holds it.
@@ -144,8 +144,8 @@ pub struct ConnectionFaults {
     pub profile: Profile,
     pub upstream: DirectionFaults,
     pub downstream: DirectionFaults,
-    /// `syn_loss` toxics: the handshake's loss process, when set.
-    pub handshake_loss: Option<LossProcess>,
+    /// `syn_loss` toxics: the SYN's (upstream) and SYN-ACK's (downstream) loss, when set.
+    pub handshake_loss: HandshakeLoss,
     pub timing: PathTiming,
 }
 
@@ -196,7 +196,7 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
     let mut profile = base.clone();
     let mut up = DirectionFaults::new(base.upstream.clone());
     let mut down = DirectionFaults::new(base.downstream.clone());
-    let mut handshake_loss = None;
+    let mut handshake_loss = HandshakeLoss::default();
     for toxic in toxics {
         if !draws.applies(toxic) {
             continue;
@@ -247,8 +247,14 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
             }
             ToxicKind::Loss { loss } => d.link.loss = combine_loss(d.link.loss, *loss),
             ToxicKind::SynLoss { probability } => {
-                handshake_loss = Some(combine_loss(
-                    handshake_loss.unwrap_or(LossProcess::None),
+                // The packet that travels the toxic's way: the client's SYN goes upstream, the
+                // server's SYN-ACK downstream.
+                let packet = match toxic.stream {
+                    Direction::Upstream => &mut handshake_loss.syn,
+                    Direction::Downstream => &mut handshake_loss.synack,
+                };
+                *packet = Some(combine_loss(
+                    packet.unwrap_or(LossProcess::None),
                     LossProcess::Bernoulli { p: *probability },
                 ));
             }
@@ -419,7 +425,51 @@ mod tests {
         assert_eq!(f.upstream.link, lossy.upstream);
         assert_eq!(f.downstream.link, local().downstream);
         assert_eq!(f.profile.connect, lossy.connect);
-        assert_eq!(f.handshake_loss, Some(LossProcess::Bernoulli { p: 0.2 }));
+        assert_eq!(
+            f.handshake_loss,
+            HandshakeLoss {
+                syn: Some(LossProcess::Bernoulli { p: 0.2 }),
+                synack: None
+            }
+        );
+    }
+
+    /// A `syn_loss` toxic loses what its stream carries: upstream the SYN, downstream the
+    /// SYN-ACK, never both.
+    #[test]
+    fn syn_loss_applies_to_its_own_stream_only() {
+        use crate::fault::ConnectionModel;
+        let n = 20_000;
+        for stream in [Direction::Upstream, Direction::Downstream] {
+            let toxics = [toxic(
+                "syn",
+                stream,
+                ToxicKind::SynLoss { probability: 0.2 },
+            )];
+            let f = resolve(&local(), &toxics, &mut draws());
+            let (mut syn, mut synack) = (0i64, 0i64);
+            for ordinal in 0..n {
+                let m = ConnectionModel::with_handshake_loss(
+                    &f.profile,
+                    f.handshake_loss,
+                    5,
+                    "syn",
+                    ordinal,
+                );
+                syn += i64::from(m.syn_losses > 0);
+                synack += i64::from(m.synack_losses > 0);
+            }
+            let (lost, spared) = match stream {
+                Direction::Upstream => (syn, synack),
+                Direction::Downstream => (synack, syn),
+            };
+            assert_eq!(spared, 0, "{stream:?}: the other direction is not lost");
+            // 99 % binomial interval around 0.2 · 20,000 = 4000: ± 2.576·√(n·p·q) ≈ ± 146.
+            assert!(
+                (lost - 4000).abs() < 146,
+                "{stream:?}: {lost} lost handshakes"
+            );
+        }
     }
 
     /// Toxicity is a per-connection draw: over many connections the share that suffers a toxic

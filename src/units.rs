@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-/// Parses a humantime duration, with a clear message for negative values.
+/// The longest duration anyone may type: a year is past any run, and keeps `Instant + d` (and
+/// sums of a few such) far from overflowing.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a humantime duration, with a clear message for negative and absurdly long values.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
@@ -15,9 +19,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(t).map_err(|e| {
+    let d = humantime::parse_duration(t).map_err(|e| {
         format!("invalid duration \"{s}\": {e} (use a unit, like \"10ms\", \"250us\")")
-    })
+    })?;
+    at_most(d, MAX_DURATION).map_err(|e| format!("duration \"{s}\" {e}"))
+}
+
+/// `d`, when it is not longer than `max`.
+pub fn at_most(d: Duration, max: Duration) -> Result<Duration, String> {
+    if d > max {
+        return Err(format!(
+            "is longer than the {} allowed here",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
 }
 
 /// Parses a bit rate into bits per second (decimal prefixes, as tc does).
@@ -113,6 +129,10 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("-1ms").unwrap_err().contains("negative"));
         assert!(parse_duration("10").is_err());
+        assert!(parse_duration("2years")
+            .unwrap_err()
+            .contains("longer than"));
+        assert!(parse_duration("500000000000years").is_err());
         assert_eq!(format_duration(Duration::from_micros(250)), "250us");
     }
 

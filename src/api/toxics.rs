@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::ApiError;
 use crate::fault::Direction;
-use crate::profile::{LossProcess, Profile};
+use crate::profile::{LossProcess, Profile, MAX_PROFILE_DURATION};
 use crate::toxic::{Toxic, ToxicKind};
 
 /// Every toxic type, with its attributes and their defaults (what a missing one means).
@@ -157,6 +157,18 @@ fn int(attrs: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
     }
 }
 
+/// A millisecond attribute the fault model multiplies (latency, jitter): bounded like a
+/// profile's durations.
+fn model_ms(attrs: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
+    let max = MAX_PROFILE_DURATION.as_millis() as u64;
+    match int(attrs, key)? {
+        ms if ms > max => Err(ApiError::bad_body(&format!(
+            "attribute {key} must be at most {max} ms, got {ms}"
+        ))),
+        ms => Ok(ms),
+    }
+}
+
 /// A probability attribute; `None` when absent.
 fn probability(attrs: &Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
     match attrs.get(key) {
@@ -192,8 +204,8 @@ fn rate(attrs: &Map<String, Value>) -> Result<Option<f64>, ApiError> {
 fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiError> {
     Ok(match type_name {
         "latency" => ToxicKind::Latency {
-            latency_ms: int(a, "latency")?,
-            jitter_ms: int(a, "jitter")?,
+            latency_ms: model_ms(a, "latency")?,
+            jitter_ms: model_ms(a, "jitter")?,
         },
         "bandwidth" => ToxicKind::Bandwidth {
             rate_kb_s: int(a, "rate")?,
@@ -344,6 +356,9 @@ mod tests {
         for v in [
             json!({"type": "latency", "toxicity": 2}),
             json!({"type": "latency", "attributes": {"latency": -1}}),
+            // An hour is the most the model takes (its RTO backs off 2^15 times).
+            json!({"type": "latency", "attributes": {"latency": 3_600_001}}),
+            json!({"type": "latency", "attributes": {"jitter": u64::MAX}}),
             json!({"type": "loss"}),
             json!({"type": "loss", "attributes": {"percent": 101}}),
             json!({"type": "profile", "attributes": {"profile": "moon"}}),

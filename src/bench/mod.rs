@@ -19,6 +19,14 @@ use crate::results::{new_histogram, Row};
 use crate::workload::{Generator, Workload};
 pub use mode::{Connections, Mode};
 
+/// Most concurrent workers (and pool connections) a cell may ask for.
+pub const MAX_CONCURRENCY: usize = 100_000;
+/// Most calls a cell may ask for: far past any run, and far from overflowing a call index.
+pub const MAX_CALLS: u64 = 1_000_000_000_000;
+/// The open loop's slowest and fastest rates, calls/s: call `i` is due at `i / rate`, which must
+/// stay a time a clock can hold.
+pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000_000.0;
+
 /// When a cell's measured phase ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Stop {
@@ -90,7 +98,9 @@ impl BenchOutcome {
     pub fn row(&self, spec: &BenchSpec) -> Row {
         let per_call = |bytes: u64| (self.calls > 0).then(|| bytes.div_ceil(self.calls));
         let mut row = Row {
-            started_at: humantime::format_rfc3339_seconds(self.started_at).to_string(),
+            // Milliseconds: the report tells rows that ran at once from rows that ran one
+            // after the other by these times.
+            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
             flavour: spec.flavour.name().to_string(),
             mode: spec.mode.to_string(),
             workload: spec.workload.to_string(),
@@ -194,6 +204,16 @@ const SAMPLE_ERRORS: usize = 3;
 
 /// Runs warm-up (if any), then the measured phase, and closes the connections.
 pub async fn run(spec: &BenchSpec) -> BenchOutcome {
+    run_with(spec, async {}).await.0
+}
+
+/// Like [`run`], awaiting `measuring` after the warm-up, right before the measured phase, and
+/// returning its output too: the runner reads its proxy's and server's counters there, so they
+/// cover the same calls as the row.
+pub async fn run_with<T>(
+    spec: &BenchSpec,
+    measuring: impl std::future::Future<Output = T>,
+) -> (BenchOutcome, T) {
     let wire = Arc::new(WireCounters::default());
     let connections = Arc::new(Connections::new(
         spec.flavour,
@@ -210,6 +230,7 @@ pub async fn run(spec: &BenchSpec) -> BenchOutcome {
         };
         phase(&warm, generator.clone(), connections.clone()).await;
     }
+    let before = measuring.await;
     let carried = connections.open() as u64;
     let (opened, out, inn) = (
         wire.opened.load(Ordering::Relaxed),
@@ -248,7 +269,7 @@ pub async fn run(spec: &BenchSpec) -> BenchOutcome {
         }
     }
     outcome.calls = outcome.ok + outcome.failed();
-    outcome
+    (outcome, before)
 }
 
 async fn phase(

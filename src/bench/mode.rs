@@ -29,8 +29,11 @@ impl Mode {
             "per-call" => Ok(Mode::PerCall),
             "per-worker" => Ok(Mode::PerWorker),
             _ => match s.strip_prefix("pool:").map(str::parse::<usize>) {
-                Some(Ok(n)) if n > 0 => Ok(Mode::Pool(n)),
-                Some(_) => Err(format!("bad pool size in \"{s}\" (use pool:N with N ≥ 1)")),
+                Some(Ok(n)) if (1..=super::MAX_CONCURRENCY).contains(&n) => Ok(Mode::Pool(n)),
+                Some(_) => Err(format!(
+                    "bad pool size in \"{s}\" (use pool:N with N from 1 to {})",
+                    super::MAX_CONCURRENCY
+                )),
                 None => Err(format!(
                     "unknown mode \"{s}\" (use single, per-call, per-worker or pool:N)"
                 )),
@@ -164,6 +167,10 @@ mod tests {
             assert_eq!(Mode::parse(s).unwrap().to_string(), s);
         }
         assert!(Mode::parse("pool:0").is_err());
+        assert!(Mode::parse("pool:100000").is_ok());
+        assert!(Mode::parse("pool:100001")
+            .unwrap_err()
+            .contains("1 to 100000"));
         assert!(Mode::parse("pool:x").is_err());
         assert!(Mode::parse("shared").unwrap_err().contains("unknown mode"));
     }

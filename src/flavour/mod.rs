@@ -368,6 +368,7 @@ mod tests {
             assert_eq!(by_name(n).unwrap().name(), *n);
         }
         let mut sorted = names.clone();
+        sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), names.len());
         assert!(by_name("soap").is_none());

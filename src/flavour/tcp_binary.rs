@@ -191,6 +191,16 @@ struct BinaryClient {
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     open: Arc<AtomicBool>,
+    /// The reader task. Dropping the client ends the writer (its queue closes), but the reader
+    /// would wait for the server's FIN, forever against a silent server, holding a task and the
+    /// socket; so it is aborted on drop.
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for BinaryClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 impl BinaryClient {
@@ -216,7 +226,7 @@ impl BinaryClient {
             }
         });
         let replies = pending.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut frames = FramedRead::new(r, codec());
             let why = loop {
                 match frames.next().await {
@@ -244,6 +254,7 @@ impl BinaryClient {
             pending,
             next_id: AtomicU64::new(1),
             open,
+            reader: reader.abort_handle(),
         }
     }
 
@@ -399,5 +410,36 @@ mod tests {
         assert_eq!(err.kind, ErrorKind::Reset, "{err}");
         assert!(!client.is_open());
         assert_eq!(client.call(&call).await.unwrap_err().kind, ErrorKind::Reset);
+    }
+
+    /// A dropped client leaves nothing behind, even when the server never closes: per-call mode
+    /// drops one client per call.
+    #[tokio::test]
+    async fn a_dropped_client_leaves_no_task_behind() {
+        // A listener that never accepts: the kernel completes the handshake, and nothing ever
+        // answers or closes.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let wire = Arc::new(WireCounters::default());
+        let client = TcpBinary.connect(&addr, &wire).await.unwrap();
+        let call = Call::Deduct(pb::DeductRequest {
+            sku: "x".into(),
+            quantity: 1,
+        });
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), client.call(&call));
+        assert!(waited.await.is_err(), "the silent server never answers");
+        assert!(metrics.num_alive_tasks() > before);
+        drop(client);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while metrics.num_alive_tasks() > before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} tasks still alive after the client was dropped",
+                metrics.num_alive_tasks() - before
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }

@@ -41,6 +41,8 @@ pub enum Faults {
 
 /// Default bytes in flight per direction before the proxy stops reading.
 pub const DEFAULT_WINDOW: usize = 4 << 20;
+/// The largest window: memory per connection direction, and a count its semaphore can hold.
+pub const MAX_WINDOW: usize = 1 << 30;
 
 /// Tunables of one proxy.
 #[derive(Clone, Debug)]

@@ -1,11 +1,19 @@
 //! Reports from results CSVs (of one run, or many runs and hosts): the comparison table people
 //! use for connection strategies on clean vs lossy links. Rounds and hosts are combined by
 //! merging histograms and summing counts, never by averaging percentiles.
+//!
+//! Rows of one cell that ran *at once* (several load hosts of one experiment, each a
+//! `faultrig bench` of its own) form one round, and their calls/s add up. What "at once" means
+//! comes from the rows themselves: the same round number, different runs (`run_id`), and
+//! measured intervals (`started_at` + `elapsed_ms`) that overlap. Any other row is a round of
+//! its own: another run appended to the same CSV, or the same round number measured an hour
+//! later, is averaged with the rest, never added.
 
 pub mod html;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::time::{Duration, SystemTime};
 
 use hdrhistogram::Histogram;
 
@@ -41,8 +49,8 @@ impl RoundSummary {
                  failures merge every round (and host)"
             }
             RoundSummary::Median => {
-                "each cell shows its median round by total time (rounds of several hosts \
-                 combined first): that round's total, p99 and failures"
+                "each cell shows its median round by total time (rows of several hosts that ran \
+                 at once combined first): that round's total, p99 and failures"
             }
         }
     }
@@ -53,9 +61,11 @@ impl RoundSummary {
 pub struct Cell {
     /// Rows combined (rounds × hosts) into these figures.
     pub rows: usize,
+    /// Rounds as they ran: rows that ran at once count as one (see the module's doc).
+    pub rounds: usize,
     /// Time the cell's calls took, ms: the mean over rows, or the median round's.
     pub mean_total_ms: f64,
-    /// Calls per second: per round, the sum over hosts (they run at once); then the mean over
+    /// Calls per second: per round, the sum over the rows that ran at once; then the mean over
     /// rounds. The figure that matters for fixed-duration cells.
     pub calls_per_sec: f64,
     pub calls: u64,
@@ -67,8 +77,10 @@ pub struct Cell {
 impl Cell {
     /// Combines rows: counts summed, histograms merged, total time averaged.
     fn combine(rows: &[&Row]) -> Result<Cell, String> {
+        let rounds = rounds_as_run(rows);
         let mut cell = Cell {
             rows: rows.len(),
+            rounds: rounds.len(),
             mean_total_ms: 0.0,
             calls_per_sec: 0.0,
             calls: 0,
@@ -82,31 +94,70 @@ impl Cell {
                 .add(r.histogram()?)
                 .map_err(|e| format!("cannot merge histograms: {e:?}"))?;
             cell.mean_total_ms += r.elapsed_ms as f64;
+            // Summed over every row, then divided by the rounds: each round's rows that ran at
+            // once add up, and the rounds are averaged.
             cell.calls_per_sec += r.calls as f64 / (r.elapsed_ms.max(1) as f64 / 1e3);
         }
-        let mut rounds: Vec<u32> = rows.iter().map(|r| r.round).collect();
-        rounds.sort_unstable();
-        rounds.dedup();
         cell.mean_total_ms /= rows.len().max(1) as f64;
         cell.calls_per_sec /= rounds.len().max(1) as f64;
         Ok(cell)
     }
 
-    /// The median round: rows grouped by round number, each round combined, the one with the
-    /// median total time kept (the lower of the middle two when the count is even).
+    /// The median round: the rows grouped into rounds as they ran, each round combined, the one
+    /// with the median total time kept (the lower of the middle two when the count is even).
     fn median_round(rows: &[&Row]) -> Result<Cell, String> {
-        let mut by_round: BTreeMap<u32, Vec<&Row>> = BTreeMap::new();
-        for &r in rows {
-            by_round.entry(r.round).or_default().push(r);
-        }
-        let mut rounds = by_round
-            .values()
+        let mut rounds = rounds_as_run(rows)
+            .iter()
             .map(|rs| Cell::combine(rs))
             .collect::<Result<Vec<_>, _>>()?;
         rounds.sort_by(|a, b| a.mean_total_ms.total_cmp(&b.mean_total_ms));
         let middle = (rounds.len() - 1) / 2;
         Ok(rounds.swap_remove(middle))
     }
+}
+
+/// A cell's rows grouped into rounds as they ran: rows of one round number from different runs
+/// whose measured intervals overlap ran at once and form one round; every other row is a round
+/// of its own (the module's doc says why).
+fn rounds_as_run<'a>(rows: &[&'a Row]) -> Vec<Vec<&'a Row>> {
+    let mut rounds: Vec<Vec<&Row>> = Vec::new();
+    for &r in rows {
+        let at_once = |round: &Vec<&Row>| {
+            round
+                .iter()
+                .all(|o| o.round == r.round && o.run_id != r.run_id)
+                && round.iter().any(|o| overlap(o, r))
+        };
+        match rounds.iter_mut().find(|round| at_once(round)) {
+            Some(round) => round.push(r),
+            None => rounds.push(vec![r]),
+        }
+    }
+    rounds
+}
+
+/// Whether two rows' measured phases overlapped in time; false when either has no time.
+fn overlap(a: &Row, b: &Row) -> bool {
+    match (measured(a), measured(b)) {
+        (Some((a0, a1)), Some((b0, b1))) => a0 < b1 && b0 < a1,
+        _ => false,
+    }
+}
+
+/// When a row's measured phase ran: from `started_at` for `elapsed_ms`, the end widened by the
+/// precision `started_at` was written with (whole seconds in older files, milliseconds now),
+/// since the true start may be that much later than written.
+fn measured(r: &Row) -> Option<(SystemTime, SystemTime)> {
+    let text = r.started_at.trim();
+    let start = humantime::parse_rfc3339_weak(text).ok()?;
+    let digits = text.split_once('.').map_or(0, |(_, frac)| {
+        frac.chars().take_while(char::is_ascii_digit).count()
+    });
+    let precision = Duration::from_nanos(10u64.pow(9 - digits.min(9) as u32));
+    Some((
+        start,
+        start + Duration::from_millis(r.elapsed_ms) + precision,
+    ))
 }
 
 /// A table: row keys in first-seen order, profile columns in first-seen order.
@@ -160,11 +211,22 @@ impl Table {
     pub fn render(&self) -> String {
         let width = self.rows.iter().map(String::len).max().unwrap_or(0).max(14);
         let mut out = format!("({})\n", self.summary.explain());
-        if self.hosts.len() > 1 {
-            // Rows of one round from several load hosts ran at once: counts and calls/s add up.
+        // Say which rows were taken to have run at once, and why, since calls/s depend on it.
+        let at_once = self.cells.values().any(|c| c.rows > c.rounds);
+        if at_once {
             let _ = writeln!(
                 out,
-                "(rows of {} hosts combined: {})",
+                "(rows of {} hosts combined: {}; rows of one round from different runs whose \
+                 measured times (started_at + elapsed_ms) overlap ran at once, so their calls/s \
+                 add up; any other row is a round of its own)",
+                self.hosts.len(),
+                self.hosts.join(", ")
+            );
+        } else if self.hosts.len() > 1 {
+            let _ = writeln!(
+                out,
+                "(rows of {} hosts: {}; none ran at the same time as another (started_at + \
+                 elapsed_ms), so each is a round of its own)",
                 self.hosts.len(),
                 self.hosts.join(", ")
             );
@@ -256,8 +318,9 @@ mod tests {
         let c = &t.cells[&(0, 0)];
         assert_eq!((c.rows, c.calls, c.latency.len()), (2, 4, 4));
         assert_eq!(c.mean_total_ms, 20.0);
-        // Two rounds (both round 0 here, as from two hosts at once): 2/0.01 + 2/0.03 calls/s.
-        assert!((c.calls_per_sec - (200.0 + 2.0 / 0.03)).abs() < 1e-9);
+        // Two rows of one round number that did not run at once (no times here): two rounds,
+        // 2/0.01 and 2/0.03 calls/s, averaged.
+        assert!((c.calls_per_sec - (200.0 + 2.0 / 0.03) / 2.0).abs() < 1e-9);
         assert!(
             c.latency.value_at_quantile(0.99) >= 399_000,
             "merged, not averaged"
@@ -269,13 +332,28 @@ mod tests {
         );
     }
 
+    /// A row measured by process `run` on `host`, starting at `start` (RFC 3339).
+    fn timed(mut r: Row, run: &str, host: &str, start: &str) -> Row {
+        r.run_id = run.into();
+        r.host = host.into();
+        r.started_at = start.into();
+        r
+    }
+
     #[test]
     fn the_median_round_stands_for_the_cell() {
         let mut rows = Vec::new();
-        // Rounds 1..=3 take 50, 10 and 30 ms; round 2 is measured by two hosts (10 and 20 ms,
-        // combined to 15 ms), so the median round is round 3 (30 ms) with its one slow call.
-        for (round, elapsed, lat) in [(1, 50, 900), (2, 10, 100), (2, 20, 200), (3, 30, 300)] {
-            let mut r = row("grpc", "single", "local", elapsed, &[lat, lat]);
+        // Rounds 1..=3 take 50, 10 and 30 ms; round 2 is measured by two hosts at once (10 and
+        // 20 ms, combined to 15 ms), so the median round is round 3 (30 ms) with its one slow
+        // call.
+        for (round, host, start, elapsed, lat) in [
+            (1, "a", "2026-03-01T10:00:00.000Z", 50, 900),
+            (2, "a", "2026-03-01T10:00:01.000Z", 10, 100),
+            (2, "b", "2026-03-01T10:00:01.005Z", 20, 200),
+            (3, "a", "2026-03-01T10:00:02.000Z", 30, 300),
+        ] {
+            let r = row("grpc", "single", "local", elapsed, &[lat, lat]);
+            let mut r = timed(r, &format!("bench-{host}-{round}"), host, start);
             r.round = round;
             rows.push(r);
         }
@@ -289,5 +367,64 @@ mod tests {
         // Even counts take the lower middle: rounds 1 and 2 only -> round 2 (15 ms).
         let t = Table::build(&rows[..3], RoundSummary::Median).unwrap();
         assert_eq!(t.cells[&(0, 0)].mean_total_ms, 15.0);
+    }
+
+    /// Rows of one round whose measured intervals (started_at + elapsed_ms) overlap, from
+    /// different processes, ran at once: their calls/s add up. Any other rows (another run
+    /// appended to the same CSV, hosts one after the other, a file given twice) are rounds of
+    /// their own, so their calls/s are averaged.
+    #[test]
+    fn only_rows_that_ran_at_once_add_their_calls_per_second() {
+        // 10 calls in 100 ms: 100 calls/s each.
+        let at = |run: &str, host: &str, start: &str| {
+            timed(
+                row("grpc", "single", "local", 100, &[100; 10]),
+                run,
+                host,
+                start,
+            )
+        };
+        let a = at("bench-1", "a", "2026-03-01T10:00:00.000Z");
+        let b = at("bench-2", "b", "2026-03-01T10:00:00.050Z"); // while a ran
+        let c = at("bench-3", "a", "2026-03-01T11:00:00.000Z"); // an hour later
+        let d = at("bench-4", "b", "2026-03-01T11:00:00.200Z"); // after c ended
+        let same_host = at("bench-5", "a", "2026-03-01T10:00:00.020Z"); // a second process on a
+        let rate = |rows: &[&Row]| {
+            let rows: Vec<Row> = rows.iter().map(|&r| r.clone()).collect();
+            let t = Table::build(&rows, RoundSummary::Mean).unwrap();
+            t.cells[&(0, 0)].calls_per_sec
+        };
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-6;
+        assert!(close(rate(&[&a, &b]), 200.0), "two hosts at once");
+        assert!(
+            close(rate(&[&a, &same_host]), 200.0),
+            "two processes of one host at once"
+        );
+        assert!(
+            close(rate(&[&a, &c]), 100.0),
+            "two runs appended to one CSV"
+        );
+        assert!(
+            close(rate(&[&c, &d]), 100.0),
+            "two hosts one after the other"
+        );
+        assert!(close(rate(&[&a, &a]), 100.0), "one file given twice");
+        assert!(close(
+            rate(&[&a, &b, &c, &d]),
+            (200.0 + 100.0 + 100.0) / 3.0
+        ));
+        // Whole-second times (older files) may be up to a second early: a row one second on
+        // that began within the first's (widened) interval counts as at once.
+        let e = at("bench-6", "a", "2026-03-01T12:00:00Z");
+        let f = at("bench-7", "b", "2026-03-01T12:00:01Z");
+        let g = at("bench-8", "b", "2026-03-01T12:00:02Z");
+        assert!(close(rate(&[&e, &f]), 200.0));
+        assert!(close(rate(&[&e, &g]), 100.0));
+        let t = Table::build(&[a.clone(), b.clone()], RoundSummary::Mean).unwrap();
+        let text = t.render();
+        assert!(text.contains("rows of 2 hosts combined: a, b"), "{text}");
+        let t = Table::build(&[a, d], RoundSummary::Mean).unwrap();
+        let text = t.render();
+        assert!(text.contains("none ran at the same time"), "{text}");
     }
 }

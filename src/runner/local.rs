@@ -34,7 +34,8 @@ impl LocalTargets {
         let downstreams = exp.downstreams();
         // Started before any server, so a missing redis-server fails the run before any traffic.
         let redis = if downstreams.contains(&DownstreamSpec::LocalRedis) {
-            Some(LocalRedis::start().map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
+            let redis = LocalRedis::start(Some(bin));
+            Some(redis.map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
         } else {
             None
         };
@@ -75,16 +76,20 @@ impl LocalTargets {
         (&target.server, &target.proxies[cell.profile])
     }
 
-    /// The address of the cell's proxy, and the counters before it.
-    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+    /// The address of the cell's proxy.
+    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> String {
+        self.target(exp, cell).1.addr.clone()
+    }
+
+    /// The counters as the measured calls begin; the server's peak RSS starts again here.
+    pub fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
         let (server, proxy) = self.target(exp, cell);
         server.reset_peak_rss();
-        let probe = Probe {
+        Probe {
             proxy: Some(proxy.stats.snapshot()),
             server_cpu_ms: server.cpu_ms(),
             server_rss_kb: None,
-        };
-        (proxy.addr.clone(), probe)
+        }
     }
 
     /// The counters after the cell.
@@ -104,7 +109,8 @@ struct Target {
     proxies: Vec<RunningProxy>,
 }
 
-/// A `faultrig serve` child process; killed and reaped on drop.
+/// A `faultrig serve` child process; stopped and reaped on drop, and ending by itself if this
+/// process dies ([`crate::child`]).
 struct Server {
     child: Child,
     addr: String,
@@ -112,7 +118,7 @@ struct Server {
 
 impl Server {
     fn start(bin: &Path, flavour: &dyn Flavour, downstream: &Downstream) -> anyhow::Result<Server> {
-        let mut child = Command::new(bin)
+        let child = Command::new(bin)
             .args([
                 "serve",
                 "--flavour",
@@ -121,24 +127,27 @@ impl Server {
                 "127.0.0.1:0",
                 "--downstream",
                 &downstream.to_string(),
+                crate::child::PARENT_FLAG,
+                &std::process::id().to_string(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("start the {} server", flavour.name()))?;
+        // Guarded before anything can fail: every early return below stops and reaps it.
+        let mut server = Server {
+            child,
+            addr: String::new(),
+        };
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
+        BufReader::new(server.child.stdout.take().expect("piped"))
             .read_line(&mut line)
             .context("read the server's address")?;
-        let Some(addr) = line
-            .split("listening on ")
-            .nth(1)
-            .map(|a| a.trim().to_string())
-        else {
-            let _ = child.kill();
+        let Some(addr) = line.split("listening on ").nth(1) else {
             bail!("the {} server did not start: {line:?}", flavour.name());
         };
-        Ok(Server { child, addr })
+        server.addr = addr.trim().to_string();
+        Ok(server)
     }
 
     /// CPU time (user + system) so far, in milliseconds.
@@ -175,8 +184,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::child::stop(&mut self.child);
     }
 }
 
@@ -211,4 +219,46 @@ async fn start_proxy(
         stats,
         _stop: stop,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that does not announce its address (here, with bytes that are not even text)
+    /// is stopped and reaped, not left running.
+    #[test]
+    fn a_server_that_fails_to_start_is_reaped() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for (i, says) in ["printf '\\377\\n'", "echo nothing to see"]
+            .iter()
+            .enumerate()
+        {
+            let pid_file = dir.path().join(format!("pid{i}"));
+            let fake = dir.path().join(format!("fake{i}"));
+            std::fs::write(
+                &fake,
+                format!(
+                    "#!/bin/sh\necho $$ > {}\n{says}\nexec sleep 600\n",
+                    pid_file.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let e = Server::start(
+                &fake,
+                &crate::flavour::tcp_binary::TcpBinary,
+                &Downstream::None,
+            );
+            assert!(e.is_err(), "{says}");
+            let pid = std::fs::read_to_string(&pid_file).unwrap();
+            let proc = format!("/proc/{}", pid.trim());
+            assert!(
+                !std::path::Path::new(&proc).exists(),
+                "{says}: the fake server {} is still there (running or a zombie)",
+                pid.trim()
+            );
+        }
+    }
 }

@@ -41,19 +41,26 @@ impl Targets {
         })
     }
 
-    /// Prepares the cell (its profile in place); returns where its calls go and the counters
-    /// before it.
-    async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+    /// Prepares the cell (its profile in place); returns where its calls go.
+    async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
         match self {
             Targets::Local(t) => t.enter(exp, cell),
             Targets::Remote(t) => t.enter(exp, cell).await,
         }
     }
 
+    /// The counters as the cell's measured calls begin (after its warm-up).
+    async fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        match self {
+            Targets::Local(t) => t.begin(exp, cell),
+            Targets::Remote(t) => t.counters(exp, cell).await,
+        }
+    }
+
     async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
         match self {
             Targets::Local(t) => t.leave(exp, cell),
-            Targets::Remote(t) => t.leave(exp, cell).await,
+            Targets::Remote(t) => t.counters(exp, cell).await,
         }
     }
 
@@ -135,7 +142,7 @@ async fn run_cells(
     tokio::pin!(interrupted);
     for round in 1..=exp.rounds {
         for cell in &cells {
-            let (addr, before) = targets.enter(exp, cell).await;
+            let addr = targets.enter(exp, cell).await;
             let spec = BenchSpec {
                 flavour: cell.flavour,
                 target: addr,
@@ -148,8 +155,9 @@ async fn run_cells(
                 timeout: exp.timeout,
                 seed: exp.seed,
             };
-            let outcome = tokio::select! {
-                outcome = bench::run(&spec) => outcome,
+            // The counters are read after the warm-up, so they cover the row's calls only.
+            let (outcome, before) = tokio::select! {
+                measured = bench::run_with(&spec, targets.begin(exp, cell)) => measured,
                 _ = &mut interrupted => {
                     progress.abandon_with_message("interrupted");
                     return Ok(());

@@ -122,8 +122,8 @@ impl RemoteTargets {
         Ok(RemoteTargets { api, proxies })
     }
 
-    /// Puts the cell's profile in place; returns where its calls go and the counters before.
-    pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> (String, Probe) {
+    /// Puts the cell's profile in place; returns where its calls go.
+    pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
         let p = &mut self.proxies[exp.flavour_index(cell.flavour)];
         if p.profile != Some(cell.profile) {
             if let Err(e) = self.api.set_profile(p, cell.profile).await {
@@ -135,15 +135,12 @@ impl RemoteTargets {
                 );
             }
         }
-        let probe = Probe {
-            proxy: self.api.stats(&p.name).await,
-            ..Probe::default()
-        };
-        (p.addr.clone(), probe)
+        p.addr.clone()
     }
 
-    /// The counters after the cell.
-    pub async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
+    /// The cell's proxy counters, read on the proxy host: as its measured calls begin, and
+    /// after them.
+    pub async fn counters(&self, exp: &Experiment, cell: &Cell) -> Probe {
         let p = &self.proxies[exp.flavour_index(cell.flavour)];
         Probe {
             proxy: self.api.stats(&p.name).await,

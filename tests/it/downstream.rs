@@ -48,7 +48,8 @@ fn bench_deduct(flavour: &str, target: &str, calls: u32, csv: &std::path::Path) 
 
 #[test]
 fn every_flavour_deducts_in_a_real_redis() {
-    let redis = LocalRedis::start().expect("redis-server (Debian: redis-server) must be installed");
+    let redis =
+        LocalRedis::start(None).expect("redis-server (Debian: redis-server) must be installed");
     let dir = tempdir();
     let mut expected = 0;
     for flavour in faultrig::flavour::names() {

@@ -19,12 +19,15 @@ use tokio::time::timeout;
 
 use crate::util::*;
 
-/// True when the test can create namespaces; otherwise says it was skipped.
+/// True when the test can create namespaces; otherwise reports it skipped ([`skip`]).
 fn privileged(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    eprintln!("SKIPPED link::{test}: the link engine needs root (CAP_NET_ADMIN); CI runs as root");
+    skip(
+        &format!("link::{test}"),
+        "the link engine needs root (CAP_NET_ADMIN); CI runs as root",
+    );
     false
 }
 

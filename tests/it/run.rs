@@ -106,30 +106,164 @@ fn the_payload_sweep_reports_its_median_round() {
 #[test]
 fn a_bad_experiment_fails_before_any_traffic() {
     let dir = tempdir();
-    for (body, key) in [
+    let exp = dir.path().join("bad.toml");
+    let path = exp.to_str().unwrap();
+    for (body, flags, says) in [
         (
             "profiles = [\"local\"]\nflavours = [\"soap\"]\nmodes = [\"single\"]\ncalls = 5\n",
-            "flavours",
+            &[][..],
+            format!("{path}:2: key `flavours`: unknown flavour"),
         ),
         (
             "profiles = [\"mars\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n",
-            "profiles",
+            &[],
+            format!("{path}:1: key `profiles`: mars"),
         ),
         (
             "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 0\n",
-            "calls",
+            &[],
+            format!("{path}:4: key `calls`: must be"),
+        ),
+        (
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"pool:99999999\"]\n\
+             calls = 5\n",
+            &[],
+            format!("{path}:3: key `modes`: bad pool size"),
+        ),
+        (
+            "profiles = [\"local\"]\nflavours = [\"grpc\"]\nmodes = [\"single\"]\ncalls = 5\n",
+            &["--rounds", "0"],
+            "--rounds: must be".to_string(),
         ),
     ] {
-        let exp = dir.path().join("bad.toml");
         std::fs::write(&exp, body).unwrap();
         let out = dir.path().join("out");
-        let o = faultrig(&["run", exp.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let mut args = vec!["run", path, "--out", out.to_str().unwrap()];
+        args.extend(flags);
+        let o = faultrig(&args);
         assert_eq!(o.status.code(), Some(2));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            err.contains(&format!("`{key}`")) && err.contains("bad.toml"),
-            "{err}"
-        );
+        assert!(err.starts_with(&format!("error: {says}")), "{err}");
         assert!(!out.exists(), "nothing written before validation passed");
+    }
+}
+
+/// The proxy and server columns cover the calls of the row, not the warm-up before them: the
+/// bytes the proxy carried upstream are the bytes the client wrote in the measured phase.
+#[test]
+fn proxy_columns_leave_out_the_warmup() {
+    let run = run_experiment(
+        "profiles = [\"lan\"]\nflavours = [\"tcp-binary\"]\nmodes = [\"single\"]\ncalls = 20\n\
+         warmup = \"300ms\"\n",
+        &[],
+    );
+    for r in &run.rows {
+        // req_bytes is rounded up per call, so calls × req_bytes is at least what was written.
+        let written = r.calls * r.req_bytes.unwrap();
+        let carried = r.bytes_up.unwrap();
+        assert!(
+            carried <= written,
+            "the proxy carried {carried} bytes upstream for {} calls of {} bytes",
+            r.calls,
+            r.req_bytes.unwrap()
+        );
+        assert!(carried > 0);
+    }
+}
+
+/// A process as /proc shows it: pid and start time (so a reused pid is not mistaken for it).
+type Proc = (u32, u64);
+
+/// Field `n` (1-based, after the command name) of /proc/PID/stat.
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(n - 3).map(str::to_string)
+}
+
+/// Every descendant of `pid`, alive now.
+fn descendants(pid: u32) -> Vec<Proc> {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let ppid = stat_field(p, 4)?.parse().ok()?;
+            let start = stat_field(p, 22)?.parse().ok()?;
+            Some((p, ppid, start))
+        })
+        .collect();
+    let mut found: Vec<Proc> = Vec::new();
+    let mut parents = vec![pid];
+    while let Some(parent) = parents.pop() {
+        for &(p, ppid, start) in &all {
+            if ppid == parent && !found.iter().any(|&(f, _)| f == p) {
+                found.push((p, start));
+                parents.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// Still running: same pid, same start, and not a zombie.
+fn running(&(pid, start): &Proc) -> bool {
+    stat_field(pid, 22).and_then(|s| s.parse::<u64>().ok()) == Some(start)
+        && stat_field(pid, 3).as_deref() != Some("Z")
+}
+
+/// However `faultrig run` ends — SIGTERM (handled like Ctrl-C) or SIGKILL (no clean-up code
+/// runs) — its servers and its private redis-server end with it.
+#[test]
+fn a_run_that_is_stopped_leaves_no_process_behind() {
+    use nix::sys::signal::{kill, Signal};
+    // Two flavours (two servers, plus their deduct@redis twins) and a redis-server, busy for a
+    // minute per cell, so the run is mid-cell when it is stopped.
+    let experiment = "profiles = [\"local\"]\nflavours = [\"grpc\", \"tcp-binary\"]\n\
+                      modes = [\"single\"]\nworkloads = [\"deduct\", \"deduct@redis\"]\n\
+                      duration = \"60s\"\n";
+    for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+        let scratch = tempdir();
+        let file = scratch.path().join("e.toml");
+        std::fs::write(&file, experiment).unwrap();
+        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"))
+            .arg("run")
+            .arg(&file)
+            .arg("--out")
+            .arg(scratch.path().join("out"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let runner = run.id();
+        // Four servers and redis-server (under its supervisor): six processes at least.
+        let deadline = std::time::Instant::now() + 3 * PROMPT;
+        let children = loop {
+            let found = descendants(runner);
+            if found.len() >= 6 {
+                break found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{signal}: the run started only {found:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        // Past the set-up: the first cell is running.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        kill(nix::unistd::Pid::from_raw(runner as i32), signal).unwrap();
+        run.wait().unwrap();
+        let deadline = std::time::Instant::now() + PROMPT;
+        loop {
+            let left: Vec<&Proc> = children.iter().filter(|p| running(p)).collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{signal}: left behind {left:?} of {children:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
