@@ -116,6 +116,10 @@ pub struct RunArgs {
     /// Override the seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Override the engine: `model` (the fault model) or `kernel` (each proxied connection
+    /// crosses real kernel TCP over the link engine; needs CAP_NET_ADMIN).
+    #[arg(long)]
+    pub engine: Option<String>,
     /// Results directory; each run writes OUT/RUN_ID/results.csv.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
@@ -921,6 +925,7 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         rounds: args.rounds,
         round_summary: args.round_summary,
         seed: args.seed,
+        engine: args.engine,
         ..ExperimentFile::default()
     };
     let experiment = file
@@ -928,6 +933,10 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         .merge(overrides)
         .validate(&origin)
         .map_err(CliError::Usage)?;
+    if experiment.engine.is_privileged() {
+        // Before any server starts: a missing privilege is one message and exit 2.
+        crate::link::Namespace::new().map_err(namespace_error)?;
+    }
     let run_id = run_id("run");
     let files = crate::runner::RunFiles::create(&args.out, &run_id).map_err(|e| {
         CliError::Usage(format!(

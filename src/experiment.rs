@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::bench::{Mode, Stop, MAX_CALLS, MAX_CONCURRENCY};
+use crate::link::Engine;
 use crate::flavour::{self, Flavour};
 use crate::profile::Profile;
 use crate::report::RoundSummary;
@@ -35,6 +36,8 @@ pub struct Experiment {
     pub round_summary: RoundSummary,
     pub seed: u64,
     pub timeout: Duration,
+    /// How the network is emulated: the fault model, or the proxy's kernel engine.
+    pub engine: Engine,
     /// Servers and the fault proxy on other hosts; `None` runs everything locally.
     pub remote: Option<Remote>,
 }
@@ -150,6 +153,8 @@ pub struct ExperimentFile {
     pub round_summary: Option<String>,
     pub seed: Option<u64>,
     pub timeout: Option<String>,
+    /// `model` (the default) or `kernel`.
+    pub engine: Option<String>,
     /// Servers and proxy on other hosts.
     pub remote: Option<RemoteFile>,
     /// Where each value came from, so a message names the file's line or the flag.
@@ -255,6 +260,7 @@ impl ExperimentFile {
             round_summary,
             seed,
             timeout,
+            engine,
             remote
         );
         // A count and a duration exclude each other: whichever the override names wins.
@@ -349,6 +355,37 @@ impl ExperimentFile {
             Some(s) => RoundSummary::parse(s).map_err(|e| bad("round_summary", e))?,
             None => RoundSummary::Mean,
         };
+        let engine = match &self.engine {
+            Some(s) => Engine::parse(s).map_err(|e| bad("engine", e))?,
+            None => Engine::Model,
+        };
+        match engine {
+            Engine::Model => {
+                for (name, profile) in profile_names.iter().zip(&profiles) {
+                    profile
+                        .check_model_engine(name)
+                        .map_err(|e| bad("profiles", e.to_string()))?;
+                }
+            }
+            Engine::Kernel if self.remote.is_some() => {
+                return Err(bad(
+                    "engine",
+                    "a [remote] run drives the proxy host's model proxies; the kernel engine \
+                     runs local proxies only"
+                        .into(),
+                ));
+            }
+            Engine::Kernel => {}
+            Engine::Link => {
+                return Err(bad(
+                    "engine",
+                    "`link` (servers and load driver in two namespaces, no proxy) is not \
+                     available to `faultrig run` yet; use `kernel` for real kernel TCP behind \
+                     the proxy, or `faultrig shell` to run any client behind the link"
+                        .into(),
+                ));
+            }
+        }
         let remote = match self.remote {
             Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, &bad)?),
             None => None,
@@ -366,6 +403,7 @@ impl ExperimentFile {
             round_summary,
             seed: self.seed.unwrap_or(1),
             timeout,
+            engine,
             remote,
         })
     }

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// The columns, in order. [`Row`]'s fields are declared in this order; a test keeps them equal.
-pub const COLUMNS: [&str; 38] = [
+pub const COLUMNS: [&str; 39] = [
     "run_id",
     "started_at",
     "host",
@@ -51,6 +51,7 @@ pub const COLUMNS: [&str; 38] = [
     "server_rss_kb",
     "seed",
     "hdr",
+    "engine",
 ];
 
 /// One cell, one round.
@@ -104,6 +105,10 @@ pub struct Row {
     pub seed: u64,
     /// Base64 HdrHistogram V2-deflate of successful-call latencies in µs.
     pub hdr: String,
+    /// How the network was emulated (`model`, `kernel`, `link`); empty from a bare bench, and
+    /// in files written before the column existed (they were all `model`).
+    #[serde(default)]
+    pub engine: Option<String>,
 }
 
 impl Row {
@@ -195,7 +200,10 @@ pub fn read(path: &Path) -> Result<Vec<Row>, String> {
         .headers()
         .map_err(|e| format!("{}: {e}", path.display()))?
         .clone();
-    if header.iter().ne(COLUMNS.iter().copied()) {
+    // Files from before the `engine` column have every other column, in the same order.
+    let before_engine = &COLUMNS[..COLUMNS.len() - 1];
+    if header.iter().ne(COLUMNS.iter().copied()) && header.iter().ne(before_engine.iter().copied())
+    {
         return Err(format!(
             "{}: not a faultrig results file (its header differs from the expected columns)",
             path.display()
@@ -211,6 +219,32 @@ pub fn read(path: &Path) -> Result<Vec<Row>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_from_before_the_engine_column_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.csv");
+        let mut row = Row {
+            flavour: "grpc".into(),
+            hdr: encode_histogram(&new_histogram()),
+            ..Row::default()
+        };
+        let mut text = Vec::new();
+        {
+            let mut w = csv::Writer::from_writer(&mut text);
+            w.serialize(&row).unwrap();
+        }
+        // Drop the last column from the header and the row.
+        let old: String = String::from_utf8(text)
+            .unwrap()
+            .lines()
+            .map(|l| format!("{}\n", &l[..l.rfind(',').unwrap()]))
+            .collect();
+        std::fs::write(&path, old).unwrap();
+        let rows = read(&path).unwrap();
+        row.engine = None;
+        assert_eq!(rows, vec![row]);
+    }
 
     #[test]
     fn row_fields_are_the_columns_in_order() {

@@ -193,6 +193,11 @@ impl Table {
         for r in rows {
             index_of(&mut t.hosts, r.host.clone());
             let profile = r.profile.clone().unwrap_or_else(|| "(unknown)".into());
+            // The model is the default; another engine's figures are a column of their own.
+            let profile = match r.engine.as_deref() {
+                None | Some("model") => profile,
+                Some(engine) => format!("{profile} [{engine}]"),
+            };
             let ri = index_of(&mut t.rows, row_key(r));
             let pi = index_of(&mut t.profiles, profile);
             groups.entry((ri, pi)).or_default().push(r);

@@ -15,6 +15,7 @@ use super::Probe;
 use crate::experiment::{Cell, DownstreamSpec, Experiment};
 use crate::flavour::Flavour;
 use crate::local_redis::LocalRedis;
+use crate::link::Engine;
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats};
 use crate::service::Downstream;
 
@@ -52,7 +53,7 @@ impl LocalTargets {
                 let server = Server::start(bin, flavour, &downstream)?;
                 let mut proxies = Vec::new();
                 for profile in &exp.profiles {
-                    proxies.push(start_proxy(&server.addr, profile, exp.seed).await?);
+                    proxies.push(start_proxy(&server.addr, profile, exp.seed, exp.engine).await?);
                 }
                 per_flavour.push(Target { server, proxies });
             }
@@ -199,6 +200,7 @@ async fn start_proxy(
     upstream: &str,
     profile: &crate::profile::Profile,
     seed: u64,
+    engine: Engine,
 ) -> anyhow::Result<RunningProxy> {
     let listener = crate::net::bind("127.0.0.1:0".parse().expect("valid"))?;
     let addr = listener.local_addr()?.to_string();
@@ -209,6 +211,10 @@ async fn start_proxy(
         ..ProxyOptions::default()
     };
     let proxy = Proxy::new(upstream, profile.clone(), options);
+    let proxy = match engine {
+        Engine::Kernel => proxy.with_kernel_engine().await?,
+        _ => proxy,
+    };
     let stats = proxy.stats();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(proxy.run(listener, async move {

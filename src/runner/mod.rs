@@ -170,6 +170,7 @@ async fn run_cells(
             row.round = round;
             row.profile = Some(exp.profiles[cell.profile].name.clone());
             row.workload = cell.workload.label.clone();
+            row.engine = Some(exp.engine.as_str().to_string());
             fill_measurements(&mut row, before, after);
             writer.write(&row)?;
             progress.set_message(format!("{:.0} calls/s", outcome.throughput()));
