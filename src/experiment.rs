@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::bench::{Mode, Stop, MAX_CALLS, MAX_CONCURRENCY};
-use crate::link::Engine;
 use crate::flavour::{self, Flavour};
+use crate::link::Engine;
 use crate::profile::Profile;
 use crate::report::RoundSummary;
 use crate::service::Downstream;

@@ -4,7 +4,7 @@
 //! read at virtual time `now`" and gets back, per virtual segment, the time the bytes may be
 //! written to the other side. Tests drive the same code on a virtual clock.
 //!
-//! The model (DESIGN.md, "The fault model"):
+//! The model (README, "Profiles" and "Engines"):
 //! - bytes are cut into `mss`-sized segments; bytes are never dropped or reordered, and release
 //!   times never decrease (a stalled segment holds back everything behind it);
 //! - a segment departs when it was read, but not before the connection is set up and not before

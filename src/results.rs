@@ -1,4 +1,4 @@
-//! The results CSV of DESIGN.md: one row per cell per round, columns in a fixed order, header
+//! The results CSV (README, "Results CSV"): one row per cell per round, columns in a fixed order, header
 //! always written, missing measurements empty (never 0), and the cell's latency histogram as
 //! base64 HdrHistogram V2-deflate so rows from many rounds or hosts merge exactly.
 

@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 use super::Probe;
 use crate::experiment::{Cell, DownstreamSpec, Experiment};
 use crate::flavour::Flavour;
-use crate::local_redis::LocalRedis;
 use crate::link::Engine;
+use crate::local_redis::LocalRedis;
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats};
 use crate::service::Downstream;
 

@@ -159,8 +159,8 @@ fn proxy_process_forwards_and_stops_on_sigterm() {
     assert!(status.success(), "{status}");
 }
 
-/// The columns of DESIGN.md, verbatim.
-const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr";
+/// The columns of the README's "Results CSV", verbatim.
+const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr,engine";
 
 #[test]
 fn bench_writes_design_columns_and_rows_merge() {

@@ -377,37 +377,99 @@ async fn kernel_engine_half_close_and_resets_cross_the_link() {
     proxy.stop().await;
 }
 
-/// Sequential calls over one connection through the kernel engine: `reply` bytes back for a
-/// 100-byte request. Returns each call's latency.
-async fn kernel_calls(profile: &str, reply: usize, calls: usize) -> Vec<Duration> {
+/// Sequential calls through a proxy on `engine`: a 100-byte request, `reply` bytes back, over
+/// one connection or (`per_call`) a new connection each. Returns each call's latency.
+async fn calls(
+    engine: Engine,
+    profile: &str,
+    reply: usize,
+    calls: usize,
+    per_call: bool,
+) -> Vec<Duration> {
     let (l, addr) = listener().await;
     tokio::spawn(async move {
-        let (mut s, _) = l.accept().await.unwrap();
-        let body = vec![5u8; reply];
-        let mut req = [0u8; 100];
-        while s.read_exact(&mut req).await.is_ok() {
-            if s.write_all(&body).await.is_err() {
-                return;
-            }
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let body = vec![5u8; reply];
+                let mut req = [0u8; 100];
+                while s.read_exact(&mut req).await.is_ok() {
+                    if s.write_all(&body).await.is_err() {
+                        return;
+                    }
+                }
+            });
         }
     });
-    let proxy = TestProxy::start_engine(addr, profile, Engine::Kernel).await;
-    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-    c.set_nodelay(true).unwrap();
+    let proxy = TestProxy::start_engine(addr, profile, engine).await;
+    let connect = || async {
+        let c = TcpStream::connect(proxy.addr).await.unwrap();
+        c.set_nodelay(true).unwrap();
+        c
+    };
+    let mut c = connect().await;
     let mut got = vec![0u8; reply];
     let mut times = Vec::with_capacity(calls);
     for _ in 0..calls {
         let start = Instant::now();
+        if per_call {
+            c = connect().await;
+        }
         c.write_all(&[1u8; 100]).await.unwrap();
-        timeout(Duration::from_secs(30), c.read_exact(&mut got))
+        timeout(Duration::from_secs(60), c.read_exact(&mut got))
             .await
-            .expect("call within 30 s")
+            .expect("call within 60 s")
             .unwrap();
         times.push(start.elapsed());
     }
     drop(c);
     proxy.stop().await;
     times
+}
+
+async fn kernel_calls(profile: &str, reply: usize, n: usize) -> Vec<Duration> {
+    calls(Engine::Kernel, profile, reply, n, false).await
+}
+
+/// The reference table: the fault model against real kernel TCP, side by side, on the same
+/// profile. Long (minutes): run by scripts/kernel-vs-model.sh, not in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long: scripts/kernel-vs-model.sh runs it"]
+async fn kernel_vs_model_reference_table() {
+    if !privileged("kernel_vs_model_reference_table") {
+        return;
+    }
+    let n: usize = std::env::var("FAULTRIG_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let profile = std::env::var("FAULTRIG_PROFILE").unwrap_or("lossy-10ms-1pct".into());
+    println!("\n{profile}, {n} sequential calls each, 100-byte requests (ms)\n");
+    println!(
+        "{:<34} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "call / engine", "mean", "p50", "p90", "p99", "max"
+    );
+    for (label, reply, per_call) in [
+        ("100 B reply, one connection", 100, false),
+        ("3-segment reply (4000 B)", 4000, false),
+        ("16 KiB reply, one connection", 16 << 10, false),
+        ("100 B reply, new connection each", 100, true),
+    ] {
+        for engine in [Engine::Model, Engine::Kernel] {
+            let mut t = calls(engine, &profile, reply, n, per_call).await;
+            t.sort();
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            let q = |p: f64| ms(t[((t.len() - 1) as f64 * p).round() as usize]);
+            let mean = t.iter().map(|d| ms(*d)).sum::<f64>() / t.len() as f64;
+            println!(
+                "{:<34} {mean:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1}",
+                format!("{label} / {}", engine.as_str()),
+                q(0.5),
+                q(0.9),
+                q(0.99),
+                q(1.0)
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
