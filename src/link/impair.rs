@@ -208,7 +208,8 @@ mod tests {
 
     #[test]
     fn same_seed_drops_the_same_ordinals_whatever_the_timing() {
-        let params = link("[link]\nloss = 0.05\nrate = \"10Mbit\"\nqueue_limit = 1000000\n");
+        // A queue that never fills: only the timing differs between the two runs.
+        let params = link("[link]\nloss = 0.05\nrate = \"10Mbit\"\nqueue_limit = \"20MB\"\n");
         let drops = |seed, gap| -> Vec<usize> {
             run(&params, seed, 10_000, gap)
                 .iter()
