@@ -561,24 +561,26 @@ impl<'de> Deserialize<'de> for Probability {
     }
 }
 
+/// A value written either as a bare integer or as text with a unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IntOrText {
+    Int(i64),
+    Str(String),
+}
+
 /// A bit rate: "300Mbit", "1Gbit", "20Mbps", "0" (unlimited), or an integer in bits/s.
 struct Rate(Option<u64>);
 
 impl<'de> Deserialize<'de> for Rate {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Int(i64),
-            Str(String),
-        }
-        let bps = match Either::deserialize(d)? {
-            Either::Int(n) if n < 0 => {
+        let bps = match IntOrText::deserialize(d)? {
+            IntOrText::Int(n) if n < 0 => {
                 return Err(D::Error::custom(format!("negative rate {n}")));
             }
-            Either::Int(n) => n as u64,
-            Either::Str(s) => parse_rate(&s).map_err(D::Error::custom)?,
+            IntOrText::Int(n) => n as u64,
+            IntOrText::Str(s) => parse_rate(&s).map_err(D::Error::custom)?,
         };
         Ok(Rate((bps > 0).then_some(bps)))
     }
@@ -590,15 +592,9 @@ struct QueueLimit(u64);
 impl<'de> Deserialize<'de> for QueueLimit {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Int(i64),
-            Str(String),
-        }
-        let bytes = match Either::deserialize(d)? {
-            Either::Int(n) => u64::try_from(n).map_err(|_| D::Error::custom("negative size"))?,
-            Either::Str(s) => parse_size(&s).map_err(D::Error::custom)?,
+        let bytes = match IntOrText::deserialize(d)? {
+            IntOrText::Int(n) => u64::try_from(n).map_err(|_| D::Error::custom("negative size"))?,
+            IntOrText::Str(s) => parse_size(&s).map_err(D::Error::custom)?,
         };
         if !(1500..=(1 << 32)).contains(&bytes) {
             return Err(D::Error::custom(format!(
