@@ -42,6 +42,10 @@ struct UdpEcho {
 impl UdpEcho {
     fn start() -> UdpEcho {
         let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        // Room for a whole flood (rmem_max would cap a plain SO_RCVBUF), so a busy machine
+        // delays the echo but never makes its socket drop what the link delivered.
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(32 << 20))
+            .unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
