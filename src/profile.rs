@@ -256,6 +256,17 @@ impl Profile {
                     ),
                 });
             }
+            if link.congestion_control == CongestionControl::Bbr {
+                return Err(ProfileError {
+                    origin: origin.to_string(),
+                    line: None,
+                    key: Some(format!("{table}.congestion_control")),
+                    message: "the model's sender implements cubic and reno; BBR paces its \
+                              flights by a bandwidth model it does not have: use --engine kernel \
+                              (or link) for bbr"
+                        .to_string(),
+                });
+            }
         }
         Ok(())
     }

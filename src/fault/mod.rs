@@ -4,18 +4,23 @@
 //! read at virtual time `now`" and gets back, per virtual segment, the time the bytes may be
 //! written to the other side. Tests drive the same code on a virtual clock.
 //!
-//! The model (README, "Profiles" and "Engines"):
+//! Each direction of a connection is a TCP sender ([`tcp`]) on a link ([`Path`]):
 //! - bytes are cut into `mss`-sized segments; bytes are never dropped or reordered, and release
-//!   times never decrease (a stalled segment holds back everything behind it);
-//! - a segment departs when it was read, but not before the connection is set up and not before
-//!   the previous one finished serialising at `rate`; it arrives `delay + jitter` later;
-//! - a "lost" segment arrives late by the time TCP would need to retransmit it: `RTO` when it is
-//!   the tail of its flight, `RTT` when three or more segments follow it (fast retransmit),
-//!   `RTT + RTT/4` when one or two follow, plus `RTO·2^k` for the k-th lost retransmission;
+//!   times never decrease (a stalled segment holds back everything behind it, as TCP's in-order
+//!   delivery does);
+//! - the sender sends what its congestion window ([`cc`]: CUBIC or Reno, IW10, slow start)
+//!   allows, not before the connection is set up; the link serialises at `rate` and delivers
+//!   `delay + jitter` later, or loses the segment;
+//! - a lost segment is found and sent again by Linux's rules: RACK when later segments got
+//!   through, a tail loss probe at 2·SRTT, the RTO (from the last ACK, backing off to 120 s),
+//!   with SRTT and RTTVAR estimated as the kernel does and timers on the kernel's jiffies;
 //! - a new connection costs one RTT, plus `syn_rto` (backing off) per lost SYN or SYN-ACK.
 //!
-//! A *flight* is the bytes of one read: the proxy reads whatever the sender's kernel has queued,
-//! which is what one TCP send burst delivers.
+//! ACKs are modelled from the other direction's delay, not from its traffic, so the two
+//! directions stay independent: each is a pure function of (profile, seed, read times).
+
+pub mod cc;
+pub mod tcp;
 
 use std::time::Duration;
 
@@ -27,9 +32,6 @@ use crate::profile::{
     ConnectParams, JitterDistribution, LinkParams, LossProcess, Profile, SynBackoff,
 };
 
-/// Linux gives up on a segment after `tcp_retries2` = 15 retransmissions; we deliver it then
-/// rather than drop it, because the model never loses bytes.
-const MAX_RETRANSMISSIONS: u32 = 15;
 /// Linux `tcp_syn_retries`.
 const MAX_SYN_RETRIES: u32 = 6;
 /// Shape of the Lomax jitter: finite mean and variance, heavy tail.
@@ -107,129 +109,184 @@ pub struct Segment {
     pub lost: bool,
 }
 
-/// The model of one direction of one connection.
+/// The link of one direction: what carries the sender's segments.
 #[derive(Clone, Debug)]
-pub struct LinkModel {
+struct Path {
     params: LinkParams,
-    /// Cached from `params` and the path: used on every loss.
-    rtt: Duration,
-    rto: Duration,
+    /// From the receiver's ACK back to the sender: the other direction's delay and mean jitter.
+    ack_delay: Duration,
     /// This direction's own stream: draws never depend on the other direction's traffic.
     rng: ChaCha8Rng,
     /// Gilbert–Elliott state (false = good).
     bad_state: bool,
-    /// No segment departs before this (the connection is still being set up).
-    floor: Duration,
     /// Bandwidth: when the link can start serialising the next segment.
     next_free: Duration,
-    /// Monotonicity: no release before the previous one.
-    last_release: Duration,
-    /// Segments lost so far (each stall counted once, however often it was retransmitted).
-    stalls: u64,
 }
 
-impl LinkModel {
-    pub fn new(params: &LinkParams, timing: PathTiming, rng: ChaCha8Rng) -> LinkModel {
-        LinkModel {
+impl Path {
+    fn new(params: &LinkParams, timing: PathTiming, rng: ChaCha8Rng) -> Path {
+        Path {
             params: params.clone(),
-            rtt: timing.rtt,
-            rto: timing.rto(params.rto_min),
+            ack_delay: ack_delay(params, timing),
             rng,
             bad_state: false,
-            floor: Duration::ZERO,
             next_free: Duration::ZERO,
-            last_release: Duration::ZERO,
-            stalls: 0,
         }
-    }
-
-    /// Changes the impairment of a live direction (a toxic added, updated or removed). The
-    /// random stream, the Gilbert–Elliott state and the release clock carry over, so bytes
-    /// already scheduled keep their times and nothing released later can overtake them.
-    pub fn retune(&mut self, params: &LinkParams, timing: PathTiming) {
-        self.params = params.clone();
-        self.rtt = timing.rtt;
-        self.rto = timing.rto(params.rto_min);
-        if params.rate_bps.is_none() {
-            self.next_free = Duration::ZERO;
-        }
-    }
-
-    /// Segments lost so far.
-    pub fn stalls(&self) -> u64 {
-        self.stalls
-    }
-
-    /// The retransmission timeout this direction uses.
-    pub fn rto(&self) -> Duration {
-        self.rto
-    }
-
-    /// One flight: `len` bytes read together at `now`. Appends one [`Segment`] per `mss` bytes.
-    pub fn send(&mut self, now: Duration, len: usize, out: &mut Vec<Segment>) {
-        let mss = self.params.mss as usize;
-        let count = len.div_ceil(mss);
-        for i in 0..count {
-            let seg_len = mss.min(len - i * mss);
-            let later = count - 1 - i;
-            out.push(self.segment(now, seg_len, later));
-        }
-    }
-
-    /// A FIN, treated as a lone segment (it can be lost and stall like any tail).
-    pub fn send_fin(&mut self, now: Duration) -> Segment {
-        self.segment(now, 0, 0)
-    }
-
-    /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
-    pub fn send_reset(&mut self, now: Duration) -> Duration {
-        let arrival = now.max(self.floor).max(self.next_free) + self.params.delay;
-        self.last_release = self.last_release.max(arrival);
-        self.last_release
-    }
-
-    fn segment(&mut self, now: Duration, len: usize, later_in_flight: usize) -> Segment {
-        let depart = now.max(self.floor).max(self.next_free);
-        if let Some(bps) = self.params.rate_bps {
-            let bits = (len.max(1) * 8) as f64;
-            self.next_free = depart + Duration::from_secs_f64(bits / bps as f64);
-        }
-        let mut arrival = self.jittered(depart + self.params.delay).max(depart);
-        let lost = self.draw_loss();
-        if lost {
-            self.stalls += 1;
-            arrival += self.retransmission_delay(later_in_flight);
-        }
-        self.last_release = self.last_release.max(arrival);
-        Segment {
-            len,
-            release: self.last_release,
-            lost,
-        }
-    }
-
-    fn jittered(&mut self, t: Duration) -> Duration {
-        jittered(&self.params, t, &mut self.rng)
     }
 
     /// One draw of the loss process (advancing Gilbert–Elliott's state).
     fn draw_loss(&mut self) -> bool {
         draw_loss(&self.params.loss, &mut self.bad_state, &mut self.rng)
     }
+}
 
-    /// Extra time a lost segment needs, given how many segments follow it in its flight.
-    fn retransmission_delay(&mut self, later_in_flight: usize) -> Duration {
-        let mut extra = match later_in_flight {
-            0 => self.rto,
-            1 | 2 => self.rtt + self.rtt / 4,
-            _ => self.rtt,
-        };
-        let mut k = 1;
-        while k <= MAX_RETRANSMISSIONS && self.draw_loss() {
-            extra += self.rto * (1 << k);
-            k += 1;
+/// The reverse path's share of the round trip.
+fn ack_delay(params: &LinkParams, timing: PathTiming) -> Duration {
+    timing
+        .rtt
+        .saturating_sub(params.delay + Duration::from_secs_f64(jitter_mean(params)))
+}
+
+impl tcp::Network for Path {
+    fn carry(&mut self, at: Duration, len: usize, may_lose: bool) -> Option<Duration> {
+        let depart = at.max(self.next_free);
+        if let Some(bps) = self.params.rate_bps {
+            let bits = (len.max(1) * 8) as f64;
+            self.next_free = depart + Duration::from_secs_f64(bits / bps as f64);
         }
-        extra
+        let arrival = jittered(&self.params, depart + self.params.delay, &mut self.rng).max(depart);
+        let lost = self.draw_loss();
+        (!lost || !may_lose).then_some(arrival)
+    }
+
+    fn ack_delay(&self) -> Duration {
+        self.ack_delay
+    }
+}
+
+/// The model of one direction of one connection: a TCP sender on a link.
+#[derive(Clone, Debug)]
+pub struct LinkModel {
+    path: Path,
+    /// Where the sender's kernel ticks fall: its own, drawn once.
+    jiffies: tcp::Jiffies,
+    sender: tcp::Sender,
+    /// The path's RTT: the sender's first sample, from the handshake.
+    rtt: Duration,
+    /// No segment departs before this (the connection is still being set up).
+    floor: Duration,
+    /// Monotonicity: no release before the previous one.
+    last_release: Duration,
+    /// Stalls of the handshake, counted with the sender's.
+    handshake_stalls: u64,
+    /// Reused between calls.
+    arrivals: Vec<tcp::Arrival>,
+}
+
+impl LinkModel {
+    pub fn new(params: &LinkParams, timing: PathTiming, mut rng: ChaCha8Rng) -> LinkModel {
+        let jiffies = tcp::Jiffies::new(rng.random::<f64>());
+        LinkModel {
+            jiffies,
+            sender: tcp::Sender::new(
+                params.congestion_control,
+                params.rto_min,
+                jiffies,
+                Duration::ZERO,
+                Some(timing.rtt),
+                0,
+            ),
+            path: Path::new(params, timing, rng),
+            rtt: timing.rtt,
+            floor: Duration::ZERO,
+            last_release: Duration::ZERO,
+            handshake_stalls: 0,
+            arrivals: Vec::new(),
+        }
+    }
+
+    /// The connection is set up at `floor`, after the handshake packet this side sends was
+    /// retransmitted `retransmissions` times.
+    fn set_up(&mut self, floor: Duration, retransmissions: u32) {
+        let p = &self.path.params;
+        self.sender = tcp::Sender::new(
+            p.congestion_control,
+            p.rto_min,
+            self.jiffies,
+            floor,
+            Some(self.rtt),
+            retransmissions,
+        );
+        self.floor = floor;
+        self.handshake_stalls = u64::from(retransmissions);
+    }
+
+    /// Changes the impairment of a live direction (a toxic added, updated or removed). The
+    /// random stream, the Gilbert–Elliott state, the sender's window and estimates and the
+    /// release clock carry over, so bytes already scheduled keep their times and nothing
+    /// released later can overtake them.
+    pub fn retune(&mut self, params: &LinkParams, timing: PathTiming) {
+        self.path.params = params.clone();
+        self.path.ack_delay = ack_delay(params, timing);
+        if params.rate_bps.is_none() {
+            self.path.next_free = Duration::ZERO;
+        }
+        self.sender.set_rto_min(params.rto_min);
+    }
+
+    /// Segments lost so far (each stall counted once, however often it was retransmitted).
+    pub fn stalls(&self) -> u64 {
+        self.handshake_stalls + self.sender.stalls()
+    }
+
+    /// The retransmission timeout the sender would use now.
+    pub fn rto(&self) -> Duration {
+        self.sender.rto()
+    }
+
+    /// The sender's congestion window, segments.
+    pub fn cwnd(&self) -> u32 {
+        self.sender.cwnd()
+    }
+
+    /// `len` bytes read together at `now`. Appends one [`Segment`] per `mss` bytes.
+    pub fn send(&mut self, now: Duration, len: usize, out: &mut Vec<Segment>) {
+        let mss = self.path.params.mss as usize;
+        let lens = (0..len.div_ceil(mss)).map(|i| mss.min(len - i * mss));
+        self.hand_over(now, lens, out);
+    }
+
+    /// A FIN: it takes a sequence number, so it can be lost and stall like any tail.
+    pub fn send_fin(&mut self, now: Duration) -> Segment {
+        let mut out = Vec::with_capacity(1);
+        self.hand_over(now, std::iter::once(0), &mut out);
+        out[0]
+    }
+
+    /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
+    pub fn send_reset(&mut self, now: Duration) -> Duration {
+        let arrival = now.max(self.floor).max(self.path.next_free) + self.path.params.delay;
+        self.last_release = self.last_release.max(arrival);
+        self.last_release
+    }
+
+    fn hand_over(
+        &mut self,
+        now: Duration,
+        lens: impl Iterator<Item = usize> + Clone,
+        out: &mut Vec<Segment>,
+    ) {
+        let seqs = self.sender.push(now, lens.clone(), &mut self.path);
+        self.arrivals.clear();
+        self.sender.arrivals(seqs, &self.path, &mut self.arrivals);
+        for (len, arrival) in lens.zip(&self.arrivals) {
+            self.last_release = self.last_release.max(arrival.at);
+            out.push(Segment {
+                len,
+                release: self.last_release,
+                lost: arrival.lost,
+            });
+        }
     }
 
     /// Stall of a handshake packet (SYN or SYN-ACK) sent in this direction, and how many times
@@ -240,20 +297,23 @@ impl LinkModel {
         loss: Option<LossProcess>,
     ) -> (Duration, u32) {
         // A handshake-only loss process (a `syn_loss` toxic) stands in for the link's.
-        let link_loss = self.params.loss;
+        let link_loss = self.path.params.loss;
         if let Some(loss) = loss {
-            self.params.loss = loss;
+            self.path.params.loss = loss;
         }
         let mut stall = Duration::ZERO;
         let mut losses = 0;
-        while losses < MAX_SYN_RETRIES && self.draw_loss() {
-            stall += match connect.syn_backoff {
+        while losses < MAX_SYN_RETRIES && self.path.draw_loss() {
+            let timeout = match connect.syn_backoff {
                 SynBackoff::Exponential => connect.syn_rto * (1 << losses),
                 SynBackoff::Linear => connect.syn_rto,
             };
+            // The SYN timer is a kernel timer too: at a second or more it sits on the wheel's
+            // coarser levels and fires up to 8 (then 64) jiffies late.
+            stall = self.jiffies.fire(stall, tcp::Jiffies::ceil(timeout));
             losses += 1;
         }
-        self.params.loss = link_loss;
+        self.path.params.loss = link_loss;
         (stall, losses)
     }
 }
@@ -319,10 +379,8 @@ impl ConnectionModel {
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
-        upstream.floor = setup;
-        downstream.floor = setup + profile.upstream.delay;
-        upstream.stalls += u64::from(syn_losses);
-        downstream.stalls += u64::from(synack_losses);
+        upstream.set_up(setup, syn_losses);
+        downstream.set_up(setup + profile.upstream.delay, synack_losses);
         ConnectionModel {
             upstream,
             downstream,
@@ -453,17 +511,32 @@ mod tests {
             (observed - expected).abs() <= half,
             "P(stall) {observed:.5} outside {expected:.5} ± {half:.5}"
         );
+        // A lone lost segment is probed at min(2·SRTT + rto_min, RTO) = RTO = 220 ms, on the
+        // tick after expiry: 220 ms plus up to one jiffy (4 ms), 222 ms on average.
+        let single = 240 * MS..=244 * MS;
+        let mut single_stalls = Vec::new();
         for (d, lost) in &results {
             match lost {
                 0 => assert_eq!(*d, 20 * MS),
-                // One loss (and its retransmission got through, which is most of them): 220 ms.
-                1 => assert!(*d == 240 * MS || *d >= 240 * MS + 2 * rto, "{d:?}"),
+                1 => {
+                    assert!(single.contains(d) || *d >= 460 * MS, "{d:?}");
+                    if single.contains(d) {
+                        single_stalls.push(d.as_secs_f64() * 1e3 - 20.0);
+                    }
+                }
                 _ => assert!(*d >= 460 * MS, "{d:?}"),
             }
         }
-        let single_stalls = results.iter().filter(|(d, _)| *d == 240 * MS).count();
-        // Every single loss whose retransmission was not lost again stalls exactly 220 ms.
-        assert!(single_stalls as f64 >= 0.97 * stalled as f64);
+        // Every single loss whose retransmission was not lost again stalls one RTO.
+        assert!(single_stalls.len() as f64 >= 0.97 * stalled as f64);
+        let mean = single_stalls.iter().sum::<f64>() / single_stalls.len() as f64;
+        assert!((220.0..=224.0).contains(&mean), "mean stall {mean:.2} ms");
+        // The reference mean call: 20 ms + P(stall) · 222 ms ≈ 24.4 ms.
+        let mean_call = results.iter().map(|(d, _)| d.as_secs_f64()).sum::<f64>() / n as f64;
+        assert!(
+            (mean_call * 1e3 - 24.4).abs() < 0.3,
+            "mean call {mean_call}"
+        );
     }
 
     #[test]
@@ -471,16 +544,21 @@ mod tests {
         let p = reference();
         let n = 100_000;
         let mut lost_handshakes = 0;
+        // The SYN timer at 1 s is on the wheel's second level (8 jiffies = 32 ms granularity),
+        // from 2 s on the third (256 ms).
+        let late = |k: u32| Duration::from_millis(if k >= 2 { 256 } else { 32 }) * k;
         for ordinal in 0..n {
             let mut m = ConnectionModel::new(&p, 11, "conn", ordinal);
             let losses = m.syn_losses + m.synack_losses;
             // Each packet's k losses back off 1 s, 2 s, 4 s, …: 2^k − 1 seconds in all.
             let backoff = |k: u32| Duration::from_secs((1 << k) - 1);
-            let expected_setup = 20 * MS + backoff(m.syn_losses) + backoff(m.synack_losses);
-            assert_eq!(m.setup, expected_setup, "{m:?}");
+            let least = 20 * MS + backoff(m.syn_losses) + backoff(m.synack_losses);
+            let most = least + late(m.syn_losses) + late(m.synack_losses);
+            assert!(m.setup >= least && m.setup <= most, "{m:?}");
             if losses > 0 {
                 lost_handshakes += 1;
             } else if ordinal < 1000 {
+                assert_eq!(m.setup, 20 * MS);
                 // A call on the new connection: 20 ms setup + 20 ms call, when nothing is lost.
                 let mut segs = Vec::new();
                 m.upstream.send(Duration::ZERO, 100, &mut segs);
@@ -501,57 +579,31 @@ mod tests {
             profile("[link]\ndelay = \"10ms\"\nloss = 1.0\n[connect]\nsyn_backoff = \"linear\"\n");
         let m = ConnectionModel::new(&p, 1, "x", 0);
         assert_eq!(m.syn_losses, MAX_SYN_RETRIES);
-        assert_eq!(
-            m.setup,
-            20 * MS + 2 * MAX_SYN_RETRIES * Duration::from_secs(1)
-        );
+        let least = 20 * MS + 2 * MAX_SYN_RETRIES * Duration::from_secs(1);
+        let most = least + 2 * MAX_SYN_RETRIES * 32 * MS;
+        assert!(m.setup > least && m.setup <= most, "{:?}", m.setup);
     }
 
-    /// Loss position decides the stall: fast retransmit pays one RTT, a tail loss one RTO.
+    /// Every transmission lost: the probe, then RTOs doubling from 220 ms and capped at 120 s,
+    /// until the 16th transmission (Linux's tcp_retries2 = 15), which the model delivers.
     #[test]
-    fn twelve_segment_message_with_one_non_tail_loss_pays_one_rtt() {
-        let p = reference();
-        let mss = 1448;
-        let mut seen = [0usize; 3];
-        for ordinal in 0..20_000 {
-            let mut m = ConnectionModel::new(&p, 3, "flight", ordinal);
-            let t0 = Duration::from_secs(10); // well past setup
-            let mut segs = Vec::new();
-            m.upstream.send(t0, 12 * mss, &mut segs);
-            assert_eq!(segs.len(), 12);
-            let lost: Vec<usize> = (0..12).filter(|&i| segs[i].lost).collect();
-            let last = segs[11].release - t0;
-            if lost.len() != 1 {
-                continue;
-            }
-            let (case, expected) = match lost[0] {
-                0..=8 => (0, 30 * MS),  // delay + RTT (fast retransmit)
-                9 | 10 => (1, 35 * MS), // delay + RTT + RTT/4
-                _ => (2, 230 * MS),     // delay + RTO (tail loss)
-            };
-            if last == expected {
-                seen[case] += 1;
-            } else {
-                // The retransmission was lost too: RTO·2 or more on top.
-                assert!(last >= expected + 440 * MS, "loss at {}: {last:?}", lost[0]);
-            }
-        }
-        assert!(
-            seen.iter().all(|&n| n > 10),
-            "every case exercised: {seen:?}"
-        );
-    }
-
-    #[test]
-    fn repeated_loss_backs_off() {
+    fn repeated_loss_backs_off_to_the_cap() {
         let p = profile("[link]\ndelay = \"10ms\"\nloss = 1.0\n");
         let mut m = ConnectionModel::new(&p, 1, "x", 0);
         let mut segs = Vec::new();
-        let t0 = Duration::from_secs(100_000);
+        // After the handshake, which lost every SYN too.
+        let t0 = m.setup + Duration::from_secs(1);
         m.upstream.send(t0, 10, &mut segs);
-        let rto = 220 * MS;
-        let backoff: Duration = (1..=MAX_RETRANSMISSIONS).map(|k| rto * (1 << k)).sum();
-        assert_eq!(segs[0].release - t0, 10 * MS + rto + backoff);
+        // Probe at 220 ms, then RTOs of 220·2^k for k = 0..=9 and four of 120 s. Timers of
+        // 14 s and more sit on the wheel's fourth level: up to 512 jiffies (2 s) late each.
+        let least: Duration = 220 * MS
+            + (0..10).map(|k| 220 * MS * (1 << k)).sum::<Duration>()
+            + 4 * Duration::from_secs(120);
+        let took = segs[0].release - t0 - 10 * MS;
+        assert!(
+            took >= least && took <= least + Duration::from_secs(16),
+            "{took:?}, at least {least:?}"
+        );
     }
 
     fn random_traffic(m: &mut LinkModel, seed: u64) -> (Vec<Segment>, usize) {
@@ -608,21 +660,50 @@ mod tests {
         assert!(a != b && a != c && b != c);
     }
 
+    /// A clean bulk flow is limited by its window alone: IW10 doubling every round trip.
     #[test]
-    fn constant_delay_keeps_throughput() {
+    fn a_clean_bulk_flow_doubles_its_window_every_round_trip() {
         let p = profile("[link]\ndelay = \"10ms\"\n");
         let mut m = ConnectionModel::new(&p, 1, "d", 0);
         let mut segs = Vec::new();
         let start = Duration::from_secs(1);
-        for i in 0..1000u32 {
-            m.upstream.send(
-                start + Duration::from_micros(u64::from(i)),
-                65_536,
-                &mut segs,
+        // 1000 segments: rounds of 10, 20, 40, 80, 160, 320 carry 630, the 7th the rest.
+        m.upstream.send(start, 1000 * 1448, &mut segs);
+        let round = |i: usize| (1..=7).find(|&r| i < 10 * ((1 << r) - 1)).unwrap() as u32 - 1;
+        for (i, s) in segs.iter().enumerate() {
+            assert_eq!(
+                s.release,
+                start + 10 * MS + 20 * MS * round(i),
+                "segment {i}"
             );
         }
-        let last = segs.last().unwrap().release;
-        assert_eq!(last, start + Duration::from_micros(999) + 10 * MS);
+    }
+
+    /// Mathis et al.: a long bulk flow at loss p delivers MSS/RTT · √(3/2p) — 7.1 Mbit/s at
+    /// 1448 B, 20 ms and 1 % — and CUBIC's Reno-friendly region keeps it there on short paths.
+    #[test]
+    fn bulk_throughput_under_loss_follows_mathis() {
+        for (cc, seed) in [("cubic", 1), ("reno", 2)] {
+            let p = profile(&format!(
+                "[upstream]\ndelay = \"10ms\"\nloss = 0.01\ncongestion_control = \"{cc}\"\n\
+                 [downstream]\ndelay = \"10ms\"\n"
+            ));
+            let mut m = ConnectionModel::new(&p, seed, "mathis", 0);
+            let mut segs = Vec::new();
+            let start = Duration::from_secs(1);
+            let bytes = 200 << 20;
+            // Handed over as a proxy reads: 64 KiB at a time, as fast as it may.
+            for _ in 0..bytes / 65536 {
+                m.upstream.send(start, 65536, &mut segs);
+            }
+            let took = (segs.last().unwrap().release - start).as_secs_f64();
+            let mbit = bytes as f64 * 8.0 / took / 1e6;
+            let mathis = 1448.0 * 8.0 / 0.020 * (1.5f64 / 0.01).sqrt() / 1e6;
+            assert!(
+                (mbit / mathis - 1.0).abs() < 0.2,
+                "{cc}: {mbit:.2} Mbit/s, Mathis {mathis:.2}"
+            );
+        }
     }
 
     #[test]
@@ -649,7 +730,7 @@ mod tests {
         let p = profile("[link.burst]\np = 0.02\nr = 0.25\n");
         let mut m = ConnectionModel::new(&p, 8, "ge", 0).upstream;
         let n = 400_000;
-        let draws: Vec<bool> = (0..n).map(|_| m.draw_loss()).collect();
+        let draws: Vec<bool> = (0..n).map(|_| m.path.draw_loss()).collect();
         let lost = draws.iter().filter(|&&l| l).count();
         let expected = p.upstream.loss.mean_loss();
         assert!((expected - 0.02 / 0.27).abs() < 1e-12);
