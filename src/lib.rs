@@ -19,6 +19,7 @@
 //! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
 //! - [`workload`]: what each call carries, and how a reply is checked.
 //! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
+//! - [`calibrate`]: `faultrig calibrate`, the model against real kernel TCP, side by side.
 //! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
 //!   proxies started here, or on other hosts driven through their control API), the tables.
 //! - [`net`]: listener set-up and the one accept loop every server uses; [`child`]: child
@@ -29,6 +30,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod calibrate;
 pub mod child;
 pub mod cli;
 pub mod experiment;

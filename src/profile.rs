@@ -36,6 +36,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("wan", include_str!("../profiles/wan.toml")),
     ("longhaul", include_str!("../profiles/longhaul.toml")),
     ("bursty", include_str!("../profiles/bursty.toml")),
+    ("clean-10ms", include_str!("../profiles/clean-10ms.toml")),
 ];
 
 /// A fully resolved network condition: every field has its effective value.

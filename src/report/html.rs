@@ -12,20 +12,11 @@ const WIDTH: u32 = 900;
 
 /// The whole page for a table built from `rows` rows.
 pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
-    let mut html = String::new();
-    let _ = write!(
+    let mut html = head(title);
+    let _ = writeln!(
         html,
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>\
-         body{{font-family:sans-serif;margin:2em;color:#222}}\
-         table{{border-collapse:collapse;margin:1em 0}}\
-         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
-         th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
-         .legend{{display:flex;flex-wrap:wrap;gap:2px 16px;max-width:900px;font-size:13px}}\
-         .legend i{{display:inline-block;width:18px;height:3px;margin:0 6px 4px 0}}\
-         </style></head><body>\n<h1>{t}</h1>\n<p>{n} rows; {e}.</p>\n",
-        t = escape(title),
-        n = rows,
-        e = escape(table.summary.explain()),
+        "<p>{rows} rows; {}.</p>",
+        escape(table.summary.explain()),
     );
     html += &html_table(table);
     for (pi, profile) in table.profiles.iter().enumerate() {
@@ -38,7 +29,22 @@ pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
     Ok(html)
 }
 
-fn escape(s: &str) -> String {
+/// The page up to its title heading: the one stylesheet every faultrig page uses.
+pub(crate) fn head(title: &str) -> String {
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>\
+         body{{font-family:sans-serif;margin:2em;color:#222}}\
+         table{{border-collapse:collapse;margin:1em 0}}\
+         td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
+         th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
+         .legend{{display:flex;flex-wrap:wrap;gap:2px 16px;max-width:900px;font-size:13px}}\
+         .legend i{{display:inline-block;width:18px;height:3px;margin:0 6px 4px 0}}\
+         </style></head><body>\n<h1>{t}</h1>\n",
+        t = escape(title),
+    )
+}
+
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -83,11 +89,10 @@ fn html_table(t: &Table) -> String {
     h + "</table>\n"
 }
 
-type PlotResult = Result<String, Box<dyn std::error::Error>>;
+pub(crate) type PlotResult = Result<String, Box<dyn std::error::Error>>;
 
 fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
     let mut series = Vec::new();
-    let (mut lo, mut hi) = (f64::MAX, 0f64);
     for (ri, name) in t.rows.iter().enumerate() {
         let Some(cell) = t.cells.get(&(ri, profile)) else {
             continue;
@@ -108,15 +113,25 @@ fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
                 )
             })
             .collect();
-        lo = lo.min(points[0].0);
-        hi = hi.max(points[points.len() - 1].0);
         series.push((name.clone(), points));
     }
-    let mut svg = String::new();
+    cdf_plot(&series, "latency, ms (log scale)")
+}
+
+/// Cumulative distributions overlaid on one log-scale plot, one line per named series of
+/// (value, fraction at or below it) points in increasing order, with an HTML legend under it.
+pub(crate) fn cdf_plot(series: &[(String, Vec<(f64, f64)>)], x_desc: &str) -> PlotResult {
+    let series: Vec<_> = series.iter().filter(|(_, p)| !p.is_empty()).collect();
     if series.is_empty() {
         return Ok("<p>no successful calls</p>\n".into());
     }
-    let (lo, hi) = ((lo * 0.8).max(0.001), hi * 1.25);
+    let lo = series.iter().map(|(_, p)| p[0].0).fold(f64::MAX, f64::min);
+    let hi = series
+        .iter()
+        .map(|(_, p)| p[p.len() - 1].0)
+        .fold(0f64, f64::max);
+    let mut svg = String::new();
+    let (lo, hi) = ((lo * 0.8).max(0.001), (hi * 1.25).max(0.002));
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, 420)).into_drawing_area();
         root.fill(&WHITE)?;
@@ -127,7 +142,7 @@ fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
             .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)?;
         chart
             .configure_mesh()
-            .x_desc("latency, ms (log scale)")
+            .x_desc(x_desc)
             .y_desc("fraction of calls")
             .draw()?;
         for (i, (_, points)) in series.iter().enumerate() {

@@ -19,16 +19,9 @@ use tokio::time::timeout;
 
 use crate::util::*;
 
-/// True when the test can create namespaces; otherwise reports it skipped ([`skip`]).
-fn privileged(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    skip(
-        &format!("link::{test}"),
-        "the link engine needs root (CAP_NET_ADMIN); CI runs as root",
-    );
-    false
+/// True when the test can create namespaces; otherwise reports it skipped ([`privileged`]).
+fn privileged_here(test: &str) -> bool {
+    privileged(&format!("link::{test}"))
 }
 
 /// A UDP echo server for shells: it listens on every interface, since the shell's host address
@@ -126,7 +119,7 @@ fn profile_file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
 
 #[test]
 fn shell_udp_echo_shows_the_delay_and_the_seeded_loss() {
-    if !privileged("shell_udp_echo_shows_the_delay_and_the_seeded_loss") {
+    if !privileged_here("shell_udp_echo_shows_the_delay_and_the_seeded_loss") {
         return;
     }
     let echo = UdpEcho::start();
@@ -173,7 +166,9 @@ fn tolerance(p: f64, n: f64) -> f64 {
 
 #[test]
 fn loss_duplicate_corrupt_and_reorder_at_their_rates_over_ten_thousand_packets() {
-    if !privileged("loss_duplicate_corrupt_and_reorder_at_their_rates_over_ten_thousand_packets") {
+    if !privileged_here(
+        "loss_duplicate_corrupt_and_reorder_at_their_rates_over_ten_thousand_packets",
+    ) {
         return;
     }
     let echo = UdpEcho::start();
@@ -247,7 +242,7 @@ fn host_has_address(addr: &str) -> bool {
 
 #[test]
 fn shell_returns_the_exit_code_and_leaves_nothing_behind() {
-    if !privileged("shell_returns_the_exit_code_and_leaves_nothing_behind") {
+    if !privileged_here("shell_returns_the_exit_code_and_leaves_nothing_behind") {
         return;
     }
     let netns_before = Command::new("ip").args(["netns", "list"]).output().unwrap();
@@ -311,20 +306,7 @@ fn shell_returns_the_exit_code_and_leaves_nothing_behind() {
 
 #[test]
 fn without_the_privilege_one_message_and_exit_2() {
-    // Runs as root by dropping to nobody; elsewhere the test already runs without it.
-    let binary = env!("CARGO_BIN_EXE_faultrig");
-    let mut command = if nix::unistd::geteuid().is_root() {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", binary]);
-        c
-    } else {
-        Command::new(binary)
-    };
-    let out = command.args(["shell", "--", "true"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("CAP_NET_ADMIN"), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "one message: {stderr}");
+    refused_without_the_privilege(&["shell", "--", "true"]);
 }
 
 #[test]
@@ -344,7 +326,7 @@ fn the_model_proxy_refuses_packet_only_keys_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_engine_is_byte_exact_64mib_each_way_on_lossy() {
-    if !privileged("kernel_engine_is_byte_exact_64mib_each_way_on_lossy") {
+    if !privileged_here("kernel_engine_is_byte_exact_64mib_each_way_on_lossy") {
         return;
     }
     crate::proxy::bulk_both_ways("lossy-10ms-1pct", Engine::Kernel).await;
@@ -352,7 +334,7 @@ async fn kernel_engine_is_byte_exact_64mib_each_way_on_lossy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_engine_half_close_and_resets_cross_the_link() {
-    if !privileged("kernel_engine_half_close_and_resets_cross_the_link") {
+    if !privileged_here("kernel_engine_half_close_and_resets_cross_the_link") {
         return;
     }
     crate::proxy::half_close("lossy-10ms-1pct", Engine::Kernel).await;
@@ -381,44 +363,23 @@ async fn kernel_engine_half_close_and_resets_cross_the_link() {
     proxy.stop().await;
 }
 
-/// Sequential calls through a proxy on `engine`: a 100-byte request, `reply` bytes back, over
-/// one connection or (`per_call`) a new connection each. Returns each call's latency.
-async fn calls(
-    engine: Engine,
-    profile: &str,
-    reply: usize,
-    calls: usize,
-    per_call: bool,
-) -> Vec<Duration> {
+/// Sequential calls over one connection through a kernel-engine proxy in front of the
+/// calibration reply server: a 100-byte request, `reply` bytes back. Returns each latency.
+async fn kernel_calls(profile: &str, reply: usize, calls: usize) -> Vec<Duration> {
+    use faultrig::calibrate::{serve, REQUEST};
     let (l, addr) = listener().await;
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let body = vec![5u8; reply];
-                let mut req = [0u8; 100];
-                while s.read_exact(&mut req).await.is_ok() {
-                    if s.write_all(&body).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    let proxy = TestProxy::start_engine(addr, profile, engine).await;
-    let connect = || async {
-        let c = TcpStream::connect(proxy.addr).await.unwrap();
-        c.set_nodelay(true).unwrap();
-        c
-    };
-    let mut c = connect().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(l, stopped));
+    let proxy = TestProxy::start_engine(addr, profile, Engine::Kernel).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut request = [0u8; REQUEST];
+    request[..8].copy_from_slice(&(reply as u64).to_le_bytes());
     let mut got = vec![0u8; reply];
     let mut times = Vec::with_capacity(calls);
     for _ in 0..calls {
         let start = Instant::now();
-        if per_call {
-            c = connect().await;
-        }
-        c.write_all(&[1u8; 100]).await.unwrap();
+        c.write_all(&request).await.unwrap();
         timeout(Duration::from_secs(60), c.read_exact(&mut got))
             .await
             .expect("call within 60 s")
@@ -427,58 +388,14 @@ async fn calls(
     }
     drop(c);
     proxy.stop().await;
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
     times
-}
-
-async fn kernel_calls(profile: &str, reply: usize, n: usize) -> Vec<Duration> {
-    calls(Engine::Kernel, profile, reply, n, false).await
-}
-
-/// The reference table: the fault model against real kernel TCP, side by side, on the same
-/// profile. Long (minutes): run by scripts/kernel-vs-model.sh, not in CI.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "minutes long: scripts/kernel-vs-model.sh runs it"]
-async fn kernel_vs_model_reference_table() {
-    if !privileged("kernel_vs_model_reference_table") {
-        return;
-    }
-    let n: usize = std::env::var("FAULTRIG_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let profile = std::env::var("FAULTRIG_PROFILE").unwrap_or("lossy-10ms-1pct".into());
-    println!("\n{profile}, {n} sequential calls each, 100-byte requests (ms)\n");
-    println!(
-        "{:<34} {:>7} {:>7} {:>7} {:>7} {:>7}",
-        "call / engine", "mean", "p50", "p90", "p99", "max"
-    );
-    for (label, reply, per_call) in [
-        ("100 B reply, one connection", 100, false),
-        ("3-segment reply (4000 B)", 4000, false),
-        ("16 KiB reply, one connection", 16 << 10, false),
-        ("100 B reply, new connection each", 100, true),
-    ] {
-        for engine in [Engine::Model, Engine::Kernel] {
-            let mut t = calls(engine, &profile, reply, n, per_call).await;
-            t.sort();
-            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-            let q = |p: f64| ms(t[((t.len() - 1) as f64 * p).round() as usize]);
-            let mean = t.iter().map(|d| ms(*d)).sum::<f64>() / t.len() as f64;
-            println!(
-                "{:<34} {mean:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1}",
-                format!("{label} / {}", engine.as_str()),
-                q(0.5),
-                q(0.9),
-                q(0.99),
-                q(1.0)
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_engine_takes_the_round_trips_real_tcp_takes() {
-    if !privileged("kernel_engine_takes_the_round_trips_real_tcp_takes") {
+    if !privileged_here("kernel_engine_takes_the_round_trips_real_tcp_takes") {
         return;
     }
     let p50 = |mut v: Vec<Duration>| {

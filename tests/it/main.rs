@@ -1,6 +1,7 @@
 //! faultrig's integration tests: one binary, one module per area, shared helpers in `util`.
 
 mod api;
+mod calibrate;
 mod cli;
 mod downstream;
 mod flavours;

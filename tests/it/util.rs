@@ -300,3 +300,34 @@ pub fn skip(test: &str, reason: &str) {
         }
     }
 }
+
+/// True when the test can create network namespaces (it runs as root, as CI runs the tests);
+/// otherwise reports `test` skipped ([`skip`]).
+pub fn privileged(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    skip(
+        test,
+        "the link engine needs root (CAP_NET_ADMIN); CI runs as root",
+    );
+    false
+}
+
+/// Runs `faultrig ARGS` without CAP_NET_ADMIN and asserts it refuses in one message naming the
+/// privilege, with exit code 2. As root it drops to nobody; elsewhere it runs without it already.
+pub fn refused_without_the_privilege(args: &[&str]) {
+    let binary = env!("CARGO_BIN_EXE_faultrig");
+    let mut command = if nix::unistd::geteuid().is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", binary]);
+        c
+    } else {
+        Command::new(binary)
+    };
+    let out = command.args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CAP_NET_ADMIN"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one message: {stderr}");
+}
