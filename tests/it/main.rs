@@ -3,6 +3,7 @@
 mod api;
 mod cli;
 mod downstream;
+mod e2e;
 mod flavours;
 mod link;
 mod proxy;
