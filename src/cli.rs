@@ -11,9 +11,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::{BenchSpec, Mode, Stop};
-use crate::flavour::{self, Flavour};
+use crate::flavour::{self, Flavour, SocketOptions, WritePattern};
 use crate::link::{Engine, NamespaceError};
-use crate::profile::Profile;
+use crate::profile::{CongestionControl, Profile};
 use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW, MAX_WINDOW};
 use crate::report::{RoundSummary, Table};
 use crate::service::{Downstream, RigService};
@@ -120,10 +120,19 @@ pub struct RunArgs {
     /// Override the seed.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Override the engine: `model` (the fault model) or `kernel` (each proxied connection
-    /// crosses real kernel TCP over the link engine; needs CAP_NET_ADMIN).
+    /// Override the engine: `model` (the fault model), `kernel` (each proxied connection
+    /// crosses real kernel TCP over the link engine) or `link` (no proxy: servers and load
+    /// driver in two namespaces, their own sockets across the link engine). The last two need
+    /// CAP_NET_ADMIN.
     #[arg(long)]
     pub engine: Option<String>,
+    /// Override the nodelay axis: TCP_NODELAY on client and server sockets (comma-separated:
+    /// true, false).
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, num_args = 1)]
+    pub nodelay: Option<Vec<bool>>,
+    /// Override the write_pattern axis (comma-separated: one, split).
+    #[arg(long, value_delimiter = ',')]
+    pub write_pattern: Option<Vec<String>>,
     /// Results directory; each run writes OUT/RUN_ID/results.csv.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
@@ -140,6 +149,14 @@ pub struct ServeArgs {
     /// Address to serve on (port 0 picks a free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// Serve the listening TCP socket given as standard input instead of binding --listen
+    /// (inetd-style; `faultrig run --engine link` hands each server a socket made in the link's
+    /// namespace this way).
+    #[arg(long, conflicts_with = "listen")]
+    pub listen_stdin: bool,
+    /// TCP_NODELAY on accepted connections; false leaves Nagle's algorithm on.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub nodelay: bool,
     /// Stock each SKU starts with, for Deduct.
     #[arg(long, default_value_t = crate::service::DEFAULT_STOCK)]
     pub stock: i64,
@@ -203,6 +220,15 @@ pub struct BenchArgs {
     /// records it; the proxy applies it).
     #[arg(long)]
     pub profile_label: Option<String>,
+    /// TCP_NODELAY on the client's sockets; false leaves Nagle's algorithm on.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub nodelay: bool,
+    /// How a request is written: `one` send, or `split` (header and body as separate sends).
+    #[arg(long, value_parser = WritePattern::parse, default_value = "one")]
+    pub write_pattern: WritePattern,
+    /// Pin this congestion control on the client's sockets (TCP_CONGESTION): cubic, bbr, reno.
+    #[arg(long, value_parser = parse_congestion_control)]
+    pub congestion_control: Option<CongestionControl>,
 }
 
 #[derive(Debug, Args)]
@@ -399,6 +425,13 @@ fn parse_flavour(s: &str) -> Result<&'static dyn Flavour, String> {
             flavour::names().join(", ")
         )
     })
+}
+
+fn parse_congestion_control(s: &str) -> Result<CongestionControl, String> {
+    CongestionControl::ALL
+        .into_iter()
+        .find(|c| c.as_str() == s)
+        .ok_or_else(|| format!("unknown congestion control `{s}` (cubic, bbr or reno)"))
 }
 
 fn parse_target(s: &str) -> Result<String, String> {
@@ -790,6 +823,35 @@ fn ctl(args: CtlArgs) -> Result<(), CliError> {
     }
 }
 
+/// The listening socket on standard input (`serve --listen-stdin`), announced as [`listen`]
+/// announces a bound one.
+fn listener_from_stdin(
+    announce: impl FnOnce(SocketAddr) -> String,
+) -> Result<tokio::net::TcpListener, CliError> {
+    let bad = |e: &dyn std::fmt::Display| {
+        CliError::Usage(format!(
+            "--listen-stdin: standard input is not a listening TCP socket: {e}"
+        ))
+    };
+    // dup: the socket gets a descriptor of its own, and stdin stays what it was.
+    use std::os::fd::AsFd;
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| bad(&e))?;
+    let socket = socket2::Socket::from(fd);
+    if !socket.is_listener().map_err(|e| bad(&e))? {
+        return Err(bad(&"not listening"));
+    }
+    socket.set_nonblocking(true).map_err(|e| bad(&e))?;
+    let listener = tokio::net::TcpListener::from_std(socket.into()).map_err(|e| bad(&e))?;
+    let local = listener.local_addr().map_err(|e| bad(&e))?;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{}", announce(local));
+    let _ = out.flush();
+    Ok(listener)
+}
+
 /// Binds `--listen` and announces the bound address on stdout, in a line containing
 /// `listening on ADDR` that scripts read (port 0 picks a free port).
 fn listen(
@@ -919,16 +981,27 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             .connect()
             .await
             .map_err(|e| CliError::Usage(format!("--downstream: {e}")))?;
-        let listener = listen(args.listen, |local| {
+        let announce = |local| {
             format!(
                 "faultrig serve {} listening on {local}",
                 args.flavour.name()
             )
-        })?;
+        };
+        let listener = if args.listen_stdin {
+            listener_from_stdin(announce)?
+        } else {
+            listen(args.listen, announce)?
+        };
         let service = std::sync::Arc::new(RigService::new(args.stock, downstream));
-        flavour::serve(args.flavour, listener, service, shutdown_signal())
-            .await
-            .map_err(|e| CliError::Failed(e.into()))
+        flavour::serve_with(
+            args.flavour,
+            listener,
+            service,
+            shutdown_signal(),
+            args.nodelay,
+        )
+        .await
+        .map_err(|e| CliError::Failed(e.into()))
     })
 }
 
@@ -948,6 +1021,12 @@ fn bench(args: BenchArgs) -> Result<(), CliError> {
         rate: args.rate,
         timeout: args.timeout,
         seed: args.seed,
+        socket: SocketOptions {
+            nodelay: args.nodelay,
+            write_pattern: args.write_pattern,
+            congestion: args.congestion_control,
+            namespace: None,
+        },
     };
     // Open the CSV first: a path we cannot write is bad input, found before any traffic.
     let mut csv = match &args.csv {
@@ -1025,6 +1104,12 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
         round_summary: args.round_summary,
         seed: args.seed,
         engine: args.engine,
+        nodelay: args
+            .nodelay
+            .map(|v| toml::Value::Array(v.into_iter().map(toml::Value::Boolean).collect())),
+        write_pattern: args
+            .write_pattern
+            .map(|v| toml::Value::Array(v.into_iter().map(toml::Value::String).collect())),
         ..ExperimentFile::default()
     };
     let experiment = file

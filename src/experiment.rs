@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::bench::{Mode, Stop, MAX_CALLS, MAX_CONCURRENCY};
-use crate::flavour::{self, Flavour};
+use crate::flavour::{self, Flavour, WritePattern};
 use crate::link::Engine;
 use crate::profile::Profile;
 use crate::report::RoundSummary;
@@ -36,8 +36,13 @@ pub struct Experiment {
     pub round_summary: RoundSummary,
     pub seed: u64,
     pub timeout: Duration,
-    /// How the network is emulated: the fault model, or the proxy's kernel engine.
+    /// How the network is emulated: the fault model, the proxy's kernel engine, or the link
+    /// engine between the endpoints' own sockets.
     pub engine: Engine,
+    /// TCP_NODELAY on the client's and servers' sockets: an axis.
+    pub nodelay: Vec<bool>,
+    /// How clients write a request: an axis.
+    pub write_patterns: Vec<WritePattern>,
     /// Servers and the fault proxy on other hosts; `None` runs everything locally.
     pub remote: Option<Remote>,
 }
@@ -133,6 +138,8 @@ pub struct Cell {
     pub mode: Mode,
     pub workload: CellWorkload,
     pub concurrency: usize,
+    pub nodelay: bool,
+    pub write_pattern: WritePattern,
 }
 
 /// What a file (or the command line) says; every field optional so flags can fill or override.
@@ -153,8 +160,12 @@ pub struct ExperimentFile {
     pub round_summary: Option<String>,
     pub seed: Option<u64>,
     pub timeout: Option<String>,
-    /// `model` (the default) or `kernel`.
+    /// `model` (the default), `kernel` or `link`.
     pub engine: Option<String>,
+    /// `true`, `false` or a list of both: TCP_NODELAY on the flavours' sockets.
+    pub nodelay: Option<toml::Value>,
+    /// `one`, `split` or a list of both.
+    pub write_pattern: Option<toml::Value>,
     /// Servers and proxy on other hosts.
     pub remote: Option<RemoteFile>,
     /// Where each value came from, so a message names the file's line or the flag.
@@ -261,6 +272,8 @@ impl ExperimentFile {
             seed,
             timeout,
             engine,
+            nodelay,
+            write_pattern,
             remote
         );
         // A count and a duration exclude each other: whichever the override names wins.
@@ -376,16 +389,28 @@ impl ExperimentFile {
                 ));
             }
             Engine::Kernel => {}
-            Engine::Link => {
+            Engine::Link if self.remote.is_some() => {
                 return Err(bad(
                     "engine",
-                    "`link` (servers and load driver in two namespaces, no proxy) is not \
-                     available to `faultrig run` yet; use `kernel` for real kernel TCP behind \
-                     the proxy, or `faultrig shell` to run any client behind the link"
+                    "a [remote] run drives the proxy host's model proxies; the link engine \
+                     joins local servers and clients"
                         .into(),
                 ));
             }
+            Engine::Link => {}
         }
+        let nodelay = axis(self.nodelay, true, |v| {
+            v.as_bool()
+                .ok_or_else(|| format!("{v} is not true or false"))
+        })
+        .map_err(|e| bad("nodelay", e))?;
+        let write_patterns = axis(self.write_pattern, WritePattern::One, |v| {
+            match v.as_str() {
+                Some(s) => WritePattern::parse(s),
+                None => Err(format!("{v} is not one or split")),
+            }
+        })
+        .map_err(|e| bad("write_pattern", e))?;
         let remote = match self.remote {
             Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, &bad)?),
             None => None,
@@ -404,8 +429,27 @@ impl ExperimentFile {
             seed: self.seed.unwrap_or(1),
             timeout,
             engine,
+            nodelay,
+            write_patterns,
             remote,
         })
+    }
+}
+
+/// An axis given as one value or a list of them, each checked by `parse`; `default` alone when
+/// not given.
+fn axis<T>(
+    value: Option<toml::Value>,
+    default: T,
+    parse: impl Fn(&toml::Value) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    match value {
+        None => Ok(vec![default]),
+        Some(toml::Value::Array(list)) if list.is_empty() => {
+            Err("must list at least one value".into())
+        }
+        Some(toml::Value::Array(list)) => list.iter().map(parse).collect(),
+        Some(one) => Ok(vec![parse(&one)?]),
     }
 }
 
@@ -500,7 +544,8 @@ fn remote(
 }
 
 impl Experiment {
-    /// Every cell, in the fixed order runs use: profile, flavour, mode, workload, concurrency.
+    /// Every cell, in the fixed order runs use: profile, flavour, mode, workload, concurrency,
+    /// nodelay, write pattern.
     pub fn cells(&self) -> Vec<Cell> {
         let mut cells = Vec::new();
         for profile in 0..self.profiles.len() {
@@ -508,13 +553,19 @@ impl Experiment {
                 for &mode in &self.modes {
                     for workload in &self.workloads {
                         for &concurrency in &self.concurrency {
-                            cells.push(Cell {
-                                profile,
-                                flavour,
-                                mode,
-                                workload: workload.clone(),
-                                concurrency,
-                            });
+                            for &nodelay in &self.nodelay {
+                                for &write_pattern in &self.write_patterns {
+                                    cells.push(Cell {
+                                        profile,
+                                        flavour,
+                                        mode,
+                                        workload: workload.clone(),
+                                        concurrency,
+                                        nodelay,
+                                        write_pattern,
+                                    });
+                                }
+                            }
                         }
                     }
                 }
@@ -581,6 +632,9 @@ mod tests {
             ("rounds = 0", "rounds"),
             ("warmup = \"2years\"", "warmup"),
             ("duration = \"0s\"", "duration"),
+            ("nodelay = []", "nodelay"),
+            ("nodelay = \"yes\"", "nodelay"),
+            ("write_pattern = [\"both\"]", "write_pattern"),
         ] {
             // The bad key on line 5, replacing the base's value of it.
             let lines: Vec<&str> = base
@@ -625,6 +679,46 @@ mod tests {
     }
 
     #[test]
+    fn socket_options_are_axes_and_link_is_an_engine() {
+        let base = "profiles = [\"lan\"]\nflavours = [\"tcp-binary\"]\nmodes = [\"single\"]\n\
+                    calls = 1\n";
+        let e = validate(base).unwrap();
+        assert_eq!(
+            (e.nodelay.as_slice(), e.write_patterns.as_slice()),
+            (&[true][..], &[WritePattern::One][..])
+        );
+        let e = validate(&format!(
+            "{base}engine = \"link\"\nnodelay = [true, false]\nwrite_pattern = [\"one\", \"split\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(e.engine, Engine::Link);
+        let axes: Vec<(bool, WritePattern)> = e
+            .cells()
+            .iter()
+            .map(|c| (c.nodelay, c.write_pattern))
+            .collect();
+        assert_eq!(
+            axes,
+            [
+                (true, WritePattern::One),
+                (true, WritePattern::Split),
+                (false, WritePattern::One),
+                (false, WritePattern::Split)
+            ]
+        );
+        // One value needs no list.
+        let e = validate(&format!(
+            "{base}nodelay = false\nwrite_pattern = \"split\"\n"
+        ))
+        .unwrap();
+        assert_eq!(e.cells().len(), 1);
+        assert_eq!(
+            (e.nodelay[0], e.write_patterns[0]),
+            (false, WritePattern::Split)
+        );
+    }
+
+    #[test]
     fn every_shipped_experiment_is_valid() {
         for (name, src, cells) in [
             ("lan-compare", DEFAULT, 3 * 5 * 2),
@@ -642,6 +736,11 @@ mod tests {
                 "downstream",
                 include_str!("../scripts/downstream.toml"),
                 2 * 5 * 4,
+            ),
+            (
+                "nagle",
+                include_str!("../scripts/nagle.toml"),
+                2 * 5 * 2 * 2,
             ),
         ] {
             let e = ExperimentFile::parse(src, name)

@@ -94,6 +94,12 @@ pub enum CongestionControl {
 }
 
 impl CongestionControl {
+    pub const ALL: [CongestionControl; 3] = [
+        CongestionControl::Cubic,
+        CongestionControl::Bbr,
+        CongestionControl::Reno,
+    ];
+
     /// The name `TCP_CONGESTION` and `tcp_congestion_control` take.
     pub fn as_str(self) -> &'static str {
         match self {

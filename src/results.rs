@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// The columns, in order. [`Row`]'s fields are declared in this order; a test keeps them equal.
-pub const COLUMNS: [&str; 39] = [
+pub const COLUMNS: [&str; 41] = [
     "run_id",
     "started_at",
     "host",
@@ -52,7 +52,12 @@ pub const COLUMNS: [&str; 39] = [
     "seed",
     "hdr",
     "engine",
+    "nodelay",
+    "write_pattern",
 ];
+
+/// Columns added since the first files, newest last: a file may lack a tail of them.
+const ADDED: usize = 3;
 
 /// One cell, one round.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -109,6 +114,13 @@ pub struct Row {
     /// in files written before the column existed (they were all `model`).
     #[serde(default)]
     pub engine: Option<String>,
+    /// TCP_NODELAY on the client's (and the runner's servers') sockets; empty in files written
+    /// before the column existed (they all had it on).
+    #[serde(default)]
+    pub nodelay: Option<bool>,
+    /// `one` or `split` ([`crate::flavour::WritePattern`]); empty in older files (`one`).
+    #[serde(default)]
+    pub write_pattern: Option<String>,
 }
 
 impl Row {
@@ -200,10 +212,13 @@ pub fn read(path: &Path) -> Result<Vec<Row>, String> {
         .headers()
         .map_err(|e| format!("{}: {e}", path.display()))?
         .clone();
-    // Files from before the `engine` column have every other column, in the same order.
-    let before_engine = &COLUMNS[..COLUMNS.len() - 1];
-    if header.iter().ne(COLUMNS.iter().copied()) && header.iter().ne(before_engine.iter().copied())
-    {
+    // Files from before the newer columns have every other column, in the same order.
+    let known = (0..=ADDED).any(|missing| {
+        header
+            .iter()
+            .eq(COLUMNS[..COLUMNS.len() - missing].iter().copied())
+    });
+    if !known {
         return Err(format!(
             "{}: not a faultrig results file (its header differs from the expected columns)",
             path.display()
@@ -221,7 +236,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn files_from_before_the_engine_column_are_still_read() {
+    fn files_from_before_the_newer_columns_are_still_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.csv");
         let mut row = Row {
@@ -234,15 +249,23 @@ mod tests {
             let mut w = csv::Writer::from_writer(&mut text);
             w.serialize(&row).unwrap();
         }
-        // Drop the last column from the header and the row.
+        // Drop the three newest columns from the header and the row.
         let old: String = String::from_utf8(text)
             .unwrap()
             .lines()
-            .map(|l| format!("{}\n", &l[..l.rfind(',').unwrap()]))
+            .map(|l| {
+                let mut l = l;
+                for _ in 0..ADDED {
+                    l = &l[..l.rfind(',').unwrap()];
+                }
+                format!("{l}\n")
+            })
             .collect();
         std::fs::write(&path, old).unwrap();
         let rows = read(&path).unwrap();
         row.engine = None;
+        row.nodelay = None;
+        row.write_pattern = None;
         assert_eq!(rows, vec![row]);
     }
 

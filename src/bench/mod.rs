@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hdrhistogram::Histogram;
 
-use crate::flavour::{CallError, ErrorKind, Flavour, WireCounters};
+use crate::flavour::{CallError, ErrorKind, Flavour, SocketOptions, WireCounters};
 use crate::results::{new_histogram, Row};
 use crate::workload::{Generator, Workload};
 pub use mode::{Connections, Mode};
@@ -55,6 +55,9 @@ pub struct BenchSpec {
     pub timeout: Duration,
     /// Seeds the workload's data.
     pub seed: u64,
+    /// How the client's sockets are made (TCP_NODELAY, write pattern, congestion control,
+    /// namespace).
+    pub socket: SocketOptions,
 }
 
 /// What one measured phase produced.
@@ -120,6 +123,8 @@ impl BenchOutcome {
             req_bytes: per_call(self.bytes_out),
             resp_bytes: per_call(self.bytes_in),
             seed: spec.seed,
+            nodelay: Some(spec.socket.nodelay),
+            write_pattern: Some(spec.socket.write_pattern.as_str().to_string()),
             ..Row::default()
         };
         row.set_latency(&self.latency);
@@ -214,7 +219,7 @@ pub async fn run_with<T>(
     spec: &BenchSpec,
     measuring: impl std::future::Future<Output = T>,
 ) -> (BenchOutcome, T) {
-    let wire = Arc::new(WireCounters::default());
+    let wire = Arc::new(WireCounters::with_socket(spec.socket.clone()));
     let connections = Arc::new(Connections::new(
         spec.flavour,
         &spec.target,

@@ -61,7 +61,11 @@ impl Flavour for Grpc {
             let (target, wire) = (target.to_string(), wire.clone());
             let connector = tower::service_fn(move |_: http::Uri| {
                 let (target, wire) = (target.clone(), wire.clone());
-                async move { super::connect_tcp(&target, &wire).await.map(TokioIo::new) }
+                async move {
+                    super::connect_tcp(&target, &wire, super::Framing::Buffers)
+                        .await
+                        .map(TokioIo::new)
+                }
             });
             let channel = endpoint
                 .connect_with_connector(connector)

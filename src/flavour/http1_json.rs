@@ -48,7 +48,7 @@ impl Flavour for Http1Json {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire).await?;
+            let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
             let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .map_err(|e| CallError::new(super::ErrorKind::Connect, e.to_string()))?;

@@ -63,7 +63,7 @@ impl Flavour for Http2Json {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire).await?;
+            let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
             let (sender, connection) =
                 hyper::client::conn::http2::Builder::new(TokioExecutor::new())
                     .initial_stream_window_size(STREAM_WINDOW)

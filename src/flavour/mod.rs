@@ -15,14 +15,18 @@ pub mod thrift;
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+use crate::link::Namespace;
+use crate::profile::CongestionControl;
 use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
@@ -97,8 +101,20 @@ pub async fn serve(
     service: Arc<RigService>,
     shutdown: impl Future,
 ) -> io::Result<()> {
+    serve_with(flavour, listener, service, shutdown, true).await
+}
+
+/// [`serve`], with `TCP_NODELAY` on every accepted connection or (`nodelay` false) Nagle's
+/// algorithm left on, as a server that never sets the option would have it.
+pub async fn serve_with(
+    flavour: &'static dyn Flavour,
+    listener: TcpListener,
+    service: Arc<RigService>,
+    shutdown: impl Future,
+    nodelay: bool,
+) -> io::Result<()> {
     crate::net::accept_until(listener, shutdown, flavour.name(), |stream, _, cancel| {
-        let _ = stream.set_nodelay(true);
+        let _ = stream.set_nodelay(nodelay);
         let connection = flavour.serve_connection(stream, service.clone());
         async move {
             tokio::select! {
@@ -241,7 +257,8 @@ fn full_message(e: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
-/// What the client side of a cell put on and took off the wire.
+/// What the client side of a cell put on and took off the wire, and how its sockets are made
+/// (kept here because every connect is already handed the cell's counters).
 #[derive(Debug, Default)]
 pub struct WireCounters {
     /// TCP connections opened (successfully connected).
@@ -250,23 +267,186 @@ pub struct WireCounters {
     pub bytes_out: AtomicU64,
     /// Bytes read.
     pub bytes_in: AtomicU64,
+    /// Options of every client socket the cell opens.
+    pub socket: SocketOptions,
 }
 
-/// Opens a TCP connection with `TCP_NODELAY` (RPCs are latency-bound), counted in `wire`.
-/// Failure is always a `connect` outcome.
+impl WireCounters {
+    pub fn with_socket(socket: SocketOptions) -> WireCounters {
+        WireCounters {
+            socket,
+            ..WireCounters::default()
+        }
+    }
+}
+
+/// How a request leaves the client: the socket-option axes of an experiment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WritePattern {
+    /// Each message in one `send()`, as a buffering client writes it.
+    #[default]
+    One,
+    /// Header and body as separate `send()`s, as many real clients write them: a length-prefixed
+    /// frame (tcp-binary, thrift) as its 4-byte length and then the rest; HTTP (http1-json,
+    /// http2-json, grpc) as each buffer the protocol library hands over, so headers and body
+    /// leave apart. With Nagle on, the second write waits for the first one's ACK.
+    Split,
+}
+
+impl WritePattern {
+    pub const ALL: [WritePattern; 2] = [WritePattern::One, WritePattern::Split];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WritePattern::One => "one",
+            WritePattern::Split => "split",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<WritePattern, String> {
+        WritePattern::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown write pattern `{s}` (one or split)"))
+    }
+}
+
+/// How the message boundaries of a flavour's byte stream can be found, for
+/// [`WritePattern::Split`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// 4-byte big-endian length, then that many bytes (tcp-binary, Thrift's framed transport).
+    LengthPrefixed,
+    /// The protocol library hands headers and body over as separate buffers (hyper, h2).
+    Buffers,
+}
+
+/// Options of a flavour's client sockets.
+#[derive(Clone)]
+pub struct SocketOptions {
+    /// `TCP_NODELAY`; false leaves Nagle's algorithm on.
+    pub nodelay: bool,
+    pub write_pattern: WritePattern,
+    /// Pinned with `TCP_CONGESTION`; `None` keeps the namespace's default.
+    pub congestion: Option<CongestionControl>,
+    /// The network namespace the sockets are made in (`--engine link`: the client side of the
+    /// link); `None` is this process's own.
+    pub namespace: Option<Arc<Namespace>>,
+}
+
+impl Default for SocketOptions {
+    fn default() -> Self {
+        SocketOptions {
+            nodelay: true,
+            write_pattern: WritePattern::One,
+            congestion: None,
+            namespace: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for SocketOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketOptions")
+            .field("nodelay", &self.nodelay)
+            .field("write_pattern", &self.write_pattern)
+            .field("congestion", &self.congestion)
+            .field("namespace", &self.namespace.is_some())
+            .finish()
+    }
+}
+
+/// Opens a TCP connection as the cell's [`SocketOptions`] say (by default `TCP_NODELAY`: RPCs
+/// are latency-bound), counted in `wire`. Failure is always a `connect` outcome.
 pub async fn connect_tcp(
     target: &str,
     wire: &Arc<WireCounters>,
+    framing: Framing,
 ) -> Result<CountingStream<TcpStream>, CallError> {
-    let stream = TcpStream::connect(target)
-        .await
-        .map_err(|e| CallError::new(ErrorKind::Connect, format!("connect {target}: {e}")))?;
-    let _ = stream.set_nodelay(true);
+    let options = &wire.socket;
+    let fail = |e: io::Error| CallError::new(ErrorKind::Connect, format!("connect {target}: {e}"));
+    let stream = if options.namespace.is_none() && options.congestion.is_none() {
+        TcpStream::connect(target).await.map_err(fail)?
+    } else {
+        let addr = tokio::net::lookup_host(target)
+            .await
+            .map_err(fail)?
+            .next()
+            .ok_or_else(|| fail(io::Error::other("no address")))?;
+        // A socket belongs to the namespace of the thread that creates it, so it is made on the
+        // namespace's own thread and connected from here.
+        let cc = options.congestion;
+        let make = move || new_socket(addr, cc);
+        let socket = match &options.namespace {
+            Some(ns) => ns.run_async(make).await,
+            None => make(),
+        }
+        .map_err(fail)?;
+        TcpSocket::from_std_stream(socket.into())
+            .connect(addr)
+            .await
+            .map_err(fail)?
+    };
+    let _ = stream.set_nodelay(options.nodelay);
     wire.opened.fetch_add(1, Ordering::Relaxed);
     Ok(CountingStream {
         inner: stream,
         wire: wire.clone(),
+        split: (options.write_pattern == WritePattern::Split).then_some(Splitter {
+            framing,
+            head: Vec::with_capacity(4),
+            body_left: 0,
+        }),
     })
+}
+
+/// A non-blocking TCP socket for `addr`, with `cc` pinned when given.
+fn new_socket(addr: SocketAddr, cc: Option<CongestionControl>) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_nonblocking(true)?;
+    if let Some(cc) = cc {
+        socket.set_tcp_congestion(cc.as_str().as_bytes())?;
+    }
+    Ok(socket)
+}
+
+/// Where a split-writing stream is in its current message.
+#[derive(Debug)]
+struct Splitter {
+    framing: Framing,
+    /// The length prefix written so far of the current frame.
+    head: Vec<u8>,
+    /// Bytes of the current frame's body still to write.
+    body_left: usize,
+}
+
+impl Splitter {
+    /// How much of `buf` the next `send()` may carry: up to the end of the length prefix or of
+    /// the body, so the two never share a segment.
+    fn next_write(&self, buf: &[u8]) -> usize {
+        match self.framing {
+            Framing::Buffers => buf.len(),
+            Framing::LengthPrefixed if self.body_left > 0 => buf.len().min(self.body_left),
+            Framing::LengthPrefixed => buf.len().min(4 - self.head.len()),
+        }
+    }
+
+    /// Records that `written` bytes (the start of what [`Splitter::next_write`] allowed) left.
+    fn wrote(&mut self, written: &[u8]) {
+        if self.framing == Framing::Buffers {
+            return;
+        }
+        if self.body_left > 0 {
+            self.body_left -= written.len();
+            return;
+        }
+        self.head.extend_from_slice(written);
+        if self.head.len() == 4 {
+            let len = u32::from_be_bytes([self.head[0], self.head[1], self.head[2], self.head[3]]);
+            self.body_left = len as usize;
+            self.head.clear();
+        }
+    }
 }
 
 /// A stream that adds what passes through it to [`WireCounters`].
@@ -274,6 +454,8 @@ pub async fn connect_tcp(
 pub struct CountingStream<S> {
     inner: S,
     wire: Arc<WireCounters>,
+    /// Set for [`WritePattern::Split`].
+    split: Option<Splitter>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for CountingStream<S> {
@@ -296,9 +478,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountingStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let this = &mut *self;
+        let allowed = match &this.split {
+            Some(split) => split.next_write(buf),
+            None => buf.len(),
+        };
+        let result = Pin::new(&mut this.inner).poll_write(cx, &buf[..allowed]);
         if let Poll::Ready(Ok(n)) = &result {
-            self.wire.bytes_out.fetch_add(*n as u64, Ordering::Relaxed);
+            this.wire.bytes_out.fetch_add(*n as u64, Ordering::Relaxed);
+            if let Some(split) = &mut this.split {
+                split.wrote(&buf[..*n]);
+            }
         }
         result
     }
@@ -308,6 +498,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountingStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.split.is_some() {
+            // One buffer per `send()`: the writer comes back for the rest.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return self.poll_write(cx, first);
+        }
         let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = &result {
             self.wire.bytes_out.fetch_add(*n as u64, Ordering::Relaxed);
@@ -372,6 +570,73 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), names.len());
         assert!(by_name("soap").is_none());
+    }
+
+    /// Records each write it is given as one `send()`.
+    #[derive(Default)]
+    struct Sends(Vec<Vec<u8>>);
+
+    impl AsyncWrite for Sends {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.0.push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn counting(framing: Framing, split: bool) -> CountingStream<Sends> {
+        CountingStream {
+            inner: Sends::default(),
+            wire: Arc::default(),
+            split: split.then_some(Splitter {
+                framing,
+                head: Vec::new(),
+                body_left: 0,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn split_writes_send_each_frames_length_and_body_apart() {
+        use tokio::io::AsyncWriteExt;
+        // Two frames (3 and 2 bytes of body) handed over in one buffer, as a framed writer does.
+        let frames = [0, 0, 0, 3, b'a', b'b', b'c', 0, 0, 0, 2, b'd', b'e'];
+        let mut s = counting(Framing::LengthPrefixed, true);
+        s.write_all(&frames).await.unwrap();
+        let sends: Vec<&[u8]> = s.inner.0.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            sends,
+            [&[0, 0, 0, 3][..], b"abc", &[0, 0, 0, 2], b"de"],
+            "length, body, length, body"
+        );
+        assert_eq!(
+            s.wire.bytes_out.load(Ordering::Relaxed),
+            frames.len() as u64
+        );
+
+        // Without split: one send.
+        let mut s = counting(Framing::LengthPrefixed, false);
+        s.write_all(&frames).await.unwrap();
+        assert_eq!(s.inner.0.len(), 1);
+
+        // HTTP: each buffer of a vectored write is a send of its own.
+        let mut s = counting(Framing::Buffers, true);
+        let bufs = [io::IoSlice::new(b"HEADERS"), io::IoSlice::new(b"body")];
+        let n = s.write_vectored(&bufs).await.unwrap();
+        assert_eq!(n, 7, "only the first buffer left in this send");
+        s.write_all(b"body").await.unwrap();
+        assert_eq!(s.inner.0, [b"HEADERS".to_vec(), b"body".to_vec()]);
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl Flavour for TcpBinary {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire).await?;
+            let stream = super::connect_tcp(target, wire, super::Framing::LengthPrefixed).await?;
             Ok(Arc::new(BinaryClient::start(stream)) as Arc<dyn Client>)
         })
     }

@@ -23,6 +23,7 @@ pub mod netns;
 pub mod shell;
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 pub use engine::{Addrs, End, Link, LinkStats};
 pub use netns::{Namespace, NamespaceError};
@@ -75,11 +76,12 @@ pub const PAIR_ADDRS: Addrs = Addrs {
 
 /// Two private namespaces, `a` (the client side: its packets travel upstream) and `b` (the
 /// server side), joined by an impaired link. Each namespace's TCP uses the congestion control
-/// its direction's profile names.
+/// its direction's profile names. The namespaces are shared so that sockets can be made in
+/// them from wherever a connection is opened (`--engine link` clients).
 pub struct NamespacePair {
     pub link: Link,
-    pub a: Namespace,
-    pub b: Namespace,
+    pub a: Arc<Namespace>,
+    pub b: Arc<Namespace>,
 }
 
 impl NamespacePair {
@@ -88,8 +90,8 @@ impl NamespacePair {
         seed: u64,
         name: &str,
     ) -> Result<NamespacePair, NamespaceError> {
-        let a = Namespace::new()?;
-        let b = Namespace::new()?;
+        let a = Arc::new(Namespace::new()?);
+        let b = Arc::new(Namespace::new()?);
         // The namespaces' default, for sockets that do not pin their own; faultrig's sockets
         // pin it with TCP_CONGESTION, so a refusal here (see `set_congestion_control`) only
         // matters to others.

@@ -128,6 +128,18 @@ impl Namespace {
         self.sysctl("net/ipv4/tcp_congestion_control", cc.as_str())
     }
 
+    /// TCP segments this namespace's stack has retransmitted so far (`RetransSegs` of its
+    /// `/proc/net/snmp`): every connection's, closed ones included, as `tcpi_total_retrans`
+    /// would sum them, read without `getsockopt(TCP_INFO)`, which no safe API offers.
+    pub async fn tcp_retransmissions(&self) -> io::Result<u64> {
+        self.run_async(|| {
+            // thread-self: /proc/self/net would show the namespace of the process's main thread.
+            let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")?;
+            retrans_segs(&snmp).ok_or_else(|| io::Error::other("no Tcp: RetransSegs in snmp"))
+        })
+        .await
+    }
+
     /// Starts `command` inside the namespace.
     pub fn spawn(&self, mut command: Command) -> io::Result<Child> {
         self.run(move || command.spawn())
@@ -141,6 +153,14 @@ impl Drop for Namespace {
             let _ = thread.join();
         }
     }
+}
+
+/// `RetransSegs` from the text of `/proc/net/snmp`: a `Tcp:` line of names, then one of values.
+fn retrans_segs(snmp: &str) -> Option<u64> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let at = names.split_whitespace().position(|n| n == "RetransSegs")?;
+    values.split_whitespace().nth(at)?.parse().ok()
 }
 
 /// Runs `ip ARGS` (iproute2) in the calling thread's namespace, failing with its stderr.
@@ -159,5 +179,20 @@ pub(crate) fn run_ip(args: &[&str]) -> io::Result<()> {
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retransmitted_segments_are_read_from_snmp() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm ActiveOpens RetransSegs InErrs\nTcp: 1 5 17 0\n\
+                    Udp: InDatagrams\nUdp: 3\n";
+        assert_eq!(retrans_segs(snmp), Some(17));
+        assert_eq!(retrans_segs("Tcp: RtoAlgorithm\nTcp: 1\n"), None);
+        assert_eq!(retrans_segs(""), None);
     }
 }

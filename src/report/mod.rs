@@ -180,6 +180,13 @@ fn row_key(r: &Row) -> String {
     if r.concurrency != 1 {
         key += &format!(" c={}", r.concurrency);
     }
+    // The socket-option axes, named only when they differ from the defaults older rows had.
+    if r.nodelay == Some(false) {
+        key += " nagle";
+    }
+    if let Some(pattern) = r.write_pattern.as_deref().filter(|p| *p != "one") {
+        key += &format!(" {pattern}");
+    }
     key
 }
 
@@ -335,6 +342,24 @@ mod tests {
             text.contains("grpc per-call") && text.contains("lossy"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn socket_options_are_rows_of_their_own() {
+        let mut nagle = row("tcp-binary", "single", "lossy", 80, &[80_000]);
+        nagle.nodelay = Some(false);
+        nagle.write_pattern = Some("split".into());
+        let mut nodelay = row("tcp-binary", "single", "lossy", 20, &[20_000]);
+        nodelay.nodelay = Some(true);
+        nodelay.write_pattern = Some("one".into());
+        // A row from before the columns: the same cell as today's defaults.
+        let old = row("tcp-binary", "single", "lossy", 20, &[20_000]);
+        let t = Table::build(&[nagle, nodelay, old], RoundSummary::Mean).unwrap();
+        assert_eq!(
+            t.rows,
+            ["tcp-binary single nagle split", "tcp-binary single"]
+        );
+        assert_eq!(t.cells[&(1, 0)].rows, 2);
     }
 
     /// A row measured by process `run` on `host`, starting at `start` (RFC 3339).

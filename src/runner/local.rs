@@ -1,30 +1,44 @@
-//! A local run's targets: one `faultrig serve` child process per flavour and downstream (so its
-//! CPU time and peak RSS can be read from /proc), and one in-process fault proxy per profile in
-//! front of each server (named after the profile, so every flavour meets the same fault
-//! streams).
+//! A local run's targets: one `faultrig serve` child process per flavour, downstream and
+//! `nodelay` value (so its CPU time and peak RSS can be read from /proc), and one in-process
+//! fault proxy per profile in front of each server (named after the profile, so every flavour
+//! meets the same fault streams).
+//!
+//! With `--engine link` there is no proxy: each profile gets a namespace pair joined by the
+//! link engine, each server a listening socket made in the pair's server namespace (B) and
+//! handed over as its standard input (a socket's namespace is fixed when it is made, so the
+//! server process itself stays on the host, with its downstream), and the load driver makes
+//! its client sockets in the client namespace (A). Every byte of every call then crosses the
+//! impaired link between the endpoints' own TCP stacks.
 
 use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::oneshot;
 
 use super::Probe;
 use crate::experiment::{Cell, DownstreamSpec, Experiment};
-use crate::flavour::Flavour;
-use crate::link::Engine;
+use crate::flavour::{Flavour, SocketOptions};
+use crate::link::{Engine, NamespacePair, PAIR_ADDRS};
 use crate::local_redis::LocalRedis;
-use crate::proxy::{Proxy, ProxyOptions, ProxyStats};
+use crate::profile::{CongestionControl, Profile};
+use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
 use crate::service::Downstream;
 
 /// Every server and proxy of a local run; all stopped on drop.
 pub struct LocalTargets {
     /// The distinct downstreams, in the order of `targets`' first index.
     downstreams: Vec<DownstreamSpec>,
-    /// `targets[downstream][flavour]`: a server and one proxy per profile in front of it.
-    targets: Vec<Vec<Target>>,
+    /// `targets[downstream][flavour][nodelay]` (`nodelay` in the experiment's order): a server
+    /// and one proxy per profile in front of it, or with the link engine one server per profile.
+    targets: Vec<Vec<Vec<Target>>>,
+    /// The link engine's namespace pairs, one per profile; empty with the other engines.
+    /// Declared after `targets`, so the servers stop before their namespaces go.
+    links: Vec<NamespacePair>,
     /// The private redis-server of `deduct@redis` cells. Declared after `targets`, so it is
     /// stopped after the servers using it.
     _redis: Option<LocalRedis>,
@@ -40,6 +54,17 @@ impl LocalTargets {
         } else {
             None
         };
+        // Before any server: each needs its listening socket in a pair's namespace.
+        let mut links = Vec::new();
+        if exp.engine == Engine::Link {
+            for profile in &exp.profiles {
+                // Named after the profile, as proxies are: every flavour meets the same faults.
+                let pair = NamespacePair::new(profile, exp.seed, &profile.name)
+                    .await
+                    .with_context(|| format!("link engine for profile {}", profile.name))?;
+                links.push(pair);
+            }
+        }
         let mut targets = Vec::new();
         for spec in &downstreams {
             let downstream = match spec {
@@ -50,63 +75,167 @@ impl LocalTargets {
             };
             let mut per_flavour = Vec::new();
             for &flavour in &exp.flavours {
-                let server = Server::start(bin, flavour, &downstream)?;
-                let mut proxies = Vec::new();
-                for profile in &exp.profiles {
-                    proxies.push(start_proxy(&server.addr, profile, exp.seed, exp.engine).await?);
+                let mut per_nodelay = Vec::new();
+                for &nodelay in &exp.nodelay {
+                    let target = if exp.engine == Engine::Link {
+                        let mut servers = Vec::new();
+                        for (pair, profile) in links.iter().zip(&exp.profiles) {
+                            let listener = listen_in_b(pair, profile).await?;
+                            servers.push(Server::start(
+                                bin,
+                                flavour,
+                                &downstream,
+                                nodelay,
+                                Some(listener),
+                            )?);
+                        }
+                        Target {
+                            servers,
+                            proxies: Vec::new(),
+                        }
+                    } else {
+                        let server = Server::start(bin, flavour, &downstream, nodelay, None)?;
+                        let mut proxies = Vec::new();
+                        for profile in &exp.profiles {
+                            proxies.push(
+                                start_proxy(&server.addr, profile, exp.seed, exp.engine).await?,
+                            );
+                        }
+                        Target {
+                            servers: vec![server],
+                            proxies,
+                        }
+                    };
+                    per_nodelay.push(target);
                 }
-                per_flavour.push(Target { server, proxies });
+                per_flavour.push(per_nodelay);
             }
             targets.push(per_flavour);
         }
         Ok(LocalTargets {
             downstreams,
             targets,
+            links,
             _redis: redis,
         })
     }
 
-    fn target(&self, exp: &Experiment, cell: &Cell) -> (&Server, &RunningProxy) {
+    /// The cell's server, and its proxy (none with the link engine).
+    fn target(&self, exp: &Experiment, cell: &Cell) -> (&Server, Option<&RunningProxy>) {
         let f = exp.flavour_index(cell.flavour);
         let d = self
             .downstreams
             .iter()
             .position(|x| *x == cell.workload.downstream)
             .expect("listed");
-        let target = &self.targets[d][f];
-        (&target.server, &target.proxies[cell.profile])
+        let n = exp
+            .nodelay
+            .iter()
+            .position(|&x| x == cell.nodelay)
+            .expect("listed");
+        let target = &self.targets[d][f][n];
+        match target.proxies.get(cell.profile) {
+            Some(proxy) => (&target.servers[0], Some(proxy)),
+            None => (&target.servers[cell.profile], None),
+        }
     }
 
-    /// The address of the cell's proxy.
-    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> String {
-        self.target(exp, cell).1.addr.clone()
+    /// Where the cell's calls go, and how its client sockets are made.
+    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
+        let mut socket = SocketOptions {
+            nodelay: cell.nodelay,
+            write_pattern: cell.write_pattern,
+            ..SocketOptions::default()
+        };
+        let (server, proxy) = self.target(exp, cell);
+        let addr = match proxy {
+            Some(proxy) => proxy.addr.clone(),
+            None => {
+                let pair = &self.links[cell.profile];
+                socket.namespace = Some(pair.a.clone());
+                socket.congestion = Some(exp.profiles[cell.profile].upstream.congestion_control);
+                server.addr.clone()
+            }
+        };
+        (addr, socket)
     }
 
     /// The counters as the measured calls begin; the server's peak RSS starts again here.
-    pub fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
-        let (server, proxy) = self.target(exp, cell);
+    pub async fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        let (server, _) = self.target(exp, cell);
         server.reset_peak_rss();
         Probe {
-            proxy: Some(proxy.stats.snapshot()),
+            proxy: self.counters(exp, cell).await,
             server_cpu_ms: server.cpu_ms(),
             server_rss_kb: None,
         }
     }
 
     /// The counters after the cell.
-    pub fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
-        let (server, proxy) = self.target(exp, cell);
+    pub async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
+        let (server, _) = self.target(exp, cell);
         Probe {
-            proxy: Some(proxy.stats.snapshot()),
+            proxy: self.counters(exp, cell).await,
             server_cpu_ms: server.cpu_ms(),
             server_rss_kb: server.peak_rss_kb(),
         }
     }
+
+    /// The path's counters: the proxy's, or with the link engine the link's bytes and the
+    /// segments each side's kernel retransmitted (upstream: the clients' namespace; downstream:
+    /// the servers'). Unreadable retransmission counts leave the row's stalls empty.
+    async fn counters(&self, exp: &Experiment, cell: &Cell) -> Option<StatsSnapshot> {
+        if let (_, Some(proxy)) = self.target(exp, cell) {
+            return Some(proxy.stats.snapshot());
+        }
+        let pair = &self.links[cell.profile];
+        let stats = pair.link.stats();
+        let (up, down) = (
+            pair.a.tcp_retransmissions().await,
+            pair.b.tcp_retransmissions().await,
+        );
+        let (stalls_up, stalls_down) = match (up, down) {
+            (Ok(up), Ok(down)) => (up, down),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!("link engine: cannot read retransmissions: {e}");
+                return None;
+            }
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        Some(StatsSnapshot {
+            bytes_up: stats.a_to_b.bytes.load(Relaxed),
+            bytes_down: stats.b_to_a.bytes.load(Relaxed),
+            stalls_up,
+            stalls_down,
+            ..StatsSnapshot::default()
+        })
+    }
 }
 
-/// One server and the proxies (one per profile) in front of it.
+/// A listening socket in `pair`'s server namespace, on its address and a free port, with the
+/// profile's downstream congestion control (accepted connections inherit it).
+async fn listen_in_b(
+    pair: &NamespacePair,
+    profile: &Profile,
+) -> anyhow::Result<std::net::TcpListener> {
+    let cc: CongestionControl = profile.downstream.congestion_control;
+    pair.b
+        .run_async(move || -> std::io::Result<std::net::TcpListener> {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+            socket.set_tcp_congestion(cc.as_str().as_bytes())?;
+            socket.bind(&SocketAddr::from(SocketAddrV4::new(PAIR_ADDRS.b, 0)).into())?;
+            // As deep as every other listener's (`crate::net::bind`): per-call bursts.
+            socket.listen(4096)?;
+            Ok(socket.into())
+        })
+        .await
+        .context("listen in the link's server namespace")
+}
+
+/// One server and the proxies (one per profile) in front of it; with the link engine, one
+/// server per profile (each listening in that profile's namespace) and no proxy.
 struct Target {
-    server: Server,
+    servers: Vec<Server>,
     proxies: Vec<RunningProxy>,
 }
 
@@ -118,19 +247,37 @@ struct Server {
 }
 
 impl Server {
-    fn start(bin: &Path, flavour: &dyn Flavour, downstream: &Downstream) -> anyhow::Result<Server> {
-        let child = Command::new(bin)
-            .args([
-                "serve",
-                "--flavour",
-                flavour.name(),
-                "--listen",
-                "127.0.0.1:0",
-                "--downstream",
-                &downstream.to_string(),
-                crate::child::PARENT_FLAG,
-                &std::process::id().to_string(),
-            ])
+    /// Starts a server on a loopback port, or (`listener`) serving a socket made elsewhere.
+    fn start(
+        bin: &Path,
+        flavour: &dyn Flavour,
+        downstream: &Downstream,
+        nodelay: bool,
+        listener: Option<std::net::TcpListener>,
+    ) -> anyhow::Result<Server> {
+        let mut command = Command::new(bin);
+        command.args([
+            "serve",
+            "--flavour",
+            flavour.name(),
+            "--downstream",
+            &downstream.to_string(),
+            "--nodelay",
+            if nodelay { "true" } else { "false" },
+            crate::child::PARENT_FLAG,
+            &std::process::id().to_string(),
+        ]);
+        match listener {
+            Some(listener) => {
+                command
+                    .arg("--listen-stdin")
+                    .stdin(std::os::fd::OwnedFd::from(listener));
+            }
+            None => {
+                command.args(["--listen", "127.0.0.1:0"]);
+            }
+        }
+        let child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -256,6 +403,8 @@ mod tests {
                 &fake,
                 &crate::flavour::tcp_binary::TcpBinary,
                 &Downstream::None,
+                true,
+                None,
             );
             assert!(e.is_err(), "{says}");
             let pid = std::fs::read_to_string(&pid_file).unwrap();

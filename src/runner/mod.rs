@@ -13,6 +13,7 @@ use anyhow::Context;
 
 use crate::bench::{self, BenchSpec};
 use crate::experiment::{Cell, Experiment};
+use crate::flavour::SocketOptions;
 use crate::proxy::StatsSnapshot;
 use crate::results::{ResultsWriter, Row};
 
@@ -41,25 +42,34 @@ impl Targets {
         })
     }
 
-    /// Prepares the cell (its profile in place); returns where its calls go.
-    async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
+    /// Prepares the cell (its profile in place); returns where its calls go and how its
+    /// client sockets are made.
+    async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
         match self {
             Targets::Local(t) => t.enter(exp, cell),
-            Targets::Remote(t) => t.enter(exp, cell).await,
+            Targets::Remote(t) => {
+                let addr = t.enter(exp, cell).await;
+                let socket = SocketOptions {
+                    nodelay: cell.nodelay,
+                    write_pattern: cell.write_pattern,
+                    ..SocketOptions::default()
+                };
+                (addr, socket)
+            }
         }
     }
 
     /// The counters as the cell's measured calls begin (after its warm-up).
     async fn begin(&self, exp: &Experiment, cell: &Cell) -> Probe {
         match self {
-            Targets::Local(t) => t.begin(exp, cell),
+            Targets::Local(t) => t.begin(exp, cell).await,
             Targets::Remote(t) => t.counters(exp, cell).await,
         }
     }
 
     async fn leave(&self, exp: &Experiment, cell: &Cell) -> Probe {
         match self {
-            Targets::Local(t) => t.leave(exp, cell),
+            Targets::Local(t) => t.leave(exp, cell).await,
             Targets::Remote(t) => t.counters(exp, cell).await,
         }
     }
@@ -142,7 +152,7 @@ async fn run_cells(
     tokio::pin!(interrupted);
     for round in 1..=exp.rounds {
         for cell in &cells {
-            let addr = targets.enter(exp, cell).await;
+            let (addr, socket) = targets.enter(exp, cell).await;
             let spec = BenchSpec {
                 flavour: cell.flavour,
                 target: addr,
@@ -154,6 +164,7 @@ async fn run_cells(
                 rate: None,
                 timeout: exp.timeout,
                 seed: exp.seed,
+                socket,
             };
             // The counters are read after the warm-up, so they cover the row's calls only.
             let (outcome, before) = tokio::select! {

@@ -160,7 +160,7 @@ fn proxy_process_forwards_and_stops_on_sigterm() {
 }
 
 /// The columns of the README's "Results CSV", verbatim.
-const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr,engine";
+const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr,engine,nodelay,write_pattern";
 
 #[test]
 fn bench_writes_design_columns_and_rows_merge() {
@@ -197,6 +197,11 @@ fn bench_writes_design_columns_and_rows_merge() {
         assert_eq!(row.profile, None, "the bench cannot know the profile");
         assert_eq!(row.stalls_up, None, "nor the proxy's counters");
         assert!(row.req_bytes.unwrap() > 1024);
+        assert_eq!(
+            (row.nodelay, row.write_pattern.as_deref()),
+            (Some(true), Some("one")),
+            "the socket options it used"
+        );
     }
     let mut merged = rows[0].histogram().unwrap();
     merged.add(rows[1].histogram().unwrap()).unwrap();
@@ -233,6 +238,63 @@ fn a_down_target_is_data_not_an_error() {
 
 /// Bad flags, numbers out of range included, are one message naming the flag, and exit 2:
 /// never a panic, and never a run that starts.
+/// `serve --listen-stdin` serves the listening socket it is given (how `run --engine link`
+/// hands a server a socket made in another namespace), and refuses anything else; `bench`
+/// records the socket options it dialled with.
+#[test]
+fn serve_takes_its_listener_on_stdin_and_bench_its_socket_options() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"));
+    command
+        .args([
+            "serve",
+            "--flavour",
+            "thrift",
+            "--listen-stdin",
+            "--nodelay",
+            "false",
+        ])
+        .stdin(std::os::fd::OwnedFd::from(listener));
+    let server = Listening::spawn(command);
+    assert_eq!(server.addr, addr, "it announces the socket it was given");
+    let dir = tempdir();
+    let csv = dir.path().join("bench.csv");
+    let o = faultrig(&[
+        "bench",
+        "--flavour",
+        "thrift",
+        "--target",
+        &addr,
+        "--calls",
+        "20",
+        "--nodelay",
+        "false",
+        "--write-pattern",
+        "split",
+        "--congestion-control",
+        "reno",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = faultrig::results::read(&csv).unwrap();
+    assert_eq!((rows[0].ok, rows[0].failed), (20, 0));
+    assert_eq!(
+        (rows[0].nodelay, rows[0].write_pattern.as_deref()),
+        (Some(false), Some("split"))
+    );
+
+    // Standard input that is not a listening socket: one message, exit 2.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"))
+        .args(["serve", "--flavour", "grpc", "--listen-stdin"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(stderr(&o).contains("--listen-stdin"), "{}", stderr(&o));
+}
+
 #[test]
 fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
     let bench = |extra: &[&'static str]| {
@@ -269,6 +331,15 @@ fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
         (bench(&["--calls", "1000000000001"]), "--calls"),
         (bench(&[]), "--calls"),
         (bench(&["--calls", "1", "--mode", "pool:0"]), "--mode"),
+        (
+            bench(&["--calls", "1", "--write-pattern", "both"]),
+            "--write-pattern",
+        ),
+        (bench(&["--calls", "1", "--nodelay", "maybe"]), "--nodelay"),
+        (
+            bench(&["--calls", "1", "--congestion-control", "vegas"]),
+            "--congestion-control",
+        ),
         (
             bench(&["--calls", "1", "--mode", "pool:10000000000000000000"]),
             "--mode",

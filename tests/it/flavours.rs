@@ -51,6 +51,7 @@ pub fn spec(
         rate: None,
         timeout: Duration::from_secs(20),
         seed: 1,
+        socket: Default::default(),
     }
 }
 

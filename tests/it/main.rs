@@ -4,6 +4,7 @@ mod api;
 mod calibrate;
 mod cli;
 mod downstream;
+mod e2e;
 mod flavours;
 mod link;
 mod proxy;

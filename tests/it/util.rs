@@ -283,6 +283,65 @@ pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
     }
 }
 
+/// A process as /proc shows it: pid and start time (so a reused pid is not mistaken for it).
+pub type Proc = (u32, u64);
+
+/// Field `n` (1-based, after the command name) of /proc/PID/stat.
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(n - 3).map(str::to_string)
+}
+
+/// Every descendant of `pid`, alive now.
+pub fn descendants(pid: u32) -> Vec<Proc> {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let ppid = stat_field(p, 4)?.parse().ok()?;
+            let start = stat_field(p, 22)?.parse().ok()?;
+            Some((p, ppid, start))
+        })
+        .collect();
+    let mut found: Vec<Proc> = Vec::new();
+    let mut parents = vec![pid];
+    while let Some(parent) = parents.pop() {
+        for &(p, ppid, start) in &all {
+            if ppid == parent && !found.iter().any(|&(f, _)| f == p) {
+                found.push((p, start));
+                parents.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// Still running: same pid, same start, and not a zombie.
+pub fn running(&(pid, start): &Proc) -> bool {
+    stat_field(pid, 22).and_then(|s| s.parse::<u64>().ok()) == Some(start)
+        && stat_field(pid, 3).as_deref() != Some("Z")
+}
+
+/// Starts `faultrig run` on `experiment` (written into a scratch directory, which also holds its
+/// output), quietly, in the background.
+pub fn start_run(experiment: &str) -> (tempfile::TempDir, std::process::Child) {
+    let scratch = tempdir();
+    let file = scratch.path().join("e.toml");
+    std::fs::write(&file, experiment).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_faultrig"))
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(scratch.path().join("out"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (scratch, run)
+}
+
 /// Marks a test that cannot run here as skipped: libtest has no skipped status, so the test
 /// passes, prints `SKIPPED: TEST: REASON` (shown with `--nocapture`), and appends the same line
 /// to the file `FAULTRIG_SKIPS` names, from which scripts/test.sh prints a summary after the run.

@@ -64,7 +64,7 @@ impl Flavour for Thrift {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire).await?;
+            let stream = super::connect_tcp(target, wire, super::Framing::LengthPrefixed).await?;
             Ok(Arc::new(ThriftClient {
                 connection: tokio::sync::Mutex::new(Connection {
                     framed: Framed::new(stream, codec()),
