@@ -800,7 +800,9 @@ impl Sender {
         for i in 0..self.packets_out() as usize {
             let seq = self.snd_una + i as u64;
             let seg = &mut self.segs[i];
-            if seg.sacked || seg.lost {
+            // Lost and not resent yet: nothing to find. A retransmission in flight can be lost
+            // too, and RACK finds it the same way once something sent after it is delivered.
+            if seg.sacked || (seg.lost && !seg.retrans) {
                 continue;
             }
             if (seg.sent, seq) >= self.rack_sent {
@@ -812,13 +814,14 @@ impl Sender {
             }
             let deadline = seg.sent + self.rack_rtt + reo;
             if now >= deadline {
-                seg.lost = true;
                 if seg.retrans {
-                    // The retransmission was lost too.
                     seg.retrans = false;
                     self.retrans_out -= 1;
                 }
-                self.lost_out += 1;
+                if !seg.lost {
+                    seg.lost = true;
+                    self.lost_out += 1;
+                }
                 self.lost_waiting += 1;
                 marked = true;
             } else {
@@ -1081,6 +1084,20 @@ mod tests {
             20 * MS + 10 * MS,
             "resent on the third SACK at 20 ms"
         );
+    }
+
+    /// A retransmission lost too, with new data sent after it delivered: RACK finds it on that
+    /// data's SACK instead of waiting for the RTO.
+    #[test]
+    fn rack_finds_a_lost_retransmission() {
+        let mut s = sender();
+        // Segment 0 is lost. At 20 ms the first two SACKs each let a new segment out (10, 11),
+        // the third starts recovery and resends segment 0 (the 13th transmission, lost too),
+        // and as the window drains segments 12 and 13 leave after it.
+        let mut p = path(&[0, 12]);
+        let a = flight(&mut s, &mut p, Duration::ZERO, 14);
+        // Their SACKs at 40 ms show the retransmission lost: resent then, in at 50 ms.
+        assert_eq!(a[0].at, 50 * MS, "{a:?}");
     }
 
     #[test]
