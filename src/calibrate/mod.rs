@@ -201,6 +201,13 @@ async fn run_against(
         samples: Vec::new(),
     };
     for profile in &plan.profiles {
+        if shares_a_bottleneck(profile) && plan.connections > 1 {
+            say(&format!(
+                "  {}: limits the rate, so its latency workloads run on one connection (the \
+                 link's bottleneck is shared by all connections, the model's is per connection)",
+                profile.name
+            ));
+        }
         let mut rows = Vec::new();
         for &workload in &plan.workloads {
             let mut pair = Vec::new();
@@ -277,9 +284,14 @@ async fn measure(
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let task = tokio::spawn(proxy.run(listener, stop.clone().cancelled_owned()));
+    let connections = if shares_a_bottleneck(profile) {
+        1
+    } else {
+        plan.connections
+    };
     let values = match workload {
         Workload::Bulk => bulk(addr, plan.bulk_time).await,
-        _ => latencies(addr, workload, plan).await,
+        _ => latencies(addr, workload, plan, connections).await,
     };
     stop.cancel();
     task.await??;
@@ -333,12 +345,24 @@ async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     Ok(s)
 }
 
-/// `plan.connections` connections making sequential calls, each after its warm-up calls, until
+/// Whether the profile limits the rate. The kernel engine's connections then share one
+/// bottleneck queue, as flows on a real path do, while the model gives each connection its own:
+/// concurrent connections would compare different networks.
+fn shares_a_bottleneck(profile: &Profile) -> bool {
+    profile.upstream.rate_bps.is_some() || profile.downstream.rate_bps.is_some()
+}
+
+/// `connections` connections making sequential calls, each after its warm-up calls, until
 /// `plan.calls` calls are counted in all. Returns each counted call's latency in ms.
-async fn latencies(addr: SocketAddr, workload: Workload, plan: &Plan) -> anyhow::Result<Vec<f64>> {
+async fn latencies(
+    addr: SocketAddr,
+    workload: Workload,
+    plan: &Plan,
+    connections: usize,
+) -> anyhow::Result<Vec<f64>> {
     let left = Arc::new(AtomicU64::new(plan.calls));
     let mut tasks = Vec::new();
-    for _ in 0..plan.connections {
+    for _ in 0..connections {
         let left = left.clone();
         let warmup = plan.warmup_calls;
         tasks.push(tokio::spawn(async move {
