@@ -179,7 +179,8 @@ impl Outcome {
 }
 
 /// Runs the plan, printing each profile's table as it completes (`say` gets every line), and
-/// writes `calibrate.csv` and `calibrate.html` into `out`.
+/// writes `calibrate.csv` and `calibrate.html` into `out`: after a failure, with the profiles
+/// that completed before it.
 pub async fn run(plan: &Plan, out: &Path, mut say: impl FnMut(&str)) -> anyhow::Result<Outcome> {
     let listener = crate::net::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let upstream = listener.local_addr()?;
@@ -201,6 +202,21 @@ async fn run_against(
         tables: Vec::new(),
         samples: Vec::new(),
     };
+    let measured = measure_all(plan, upstream, say, &mut outcome).await;
+    // Written whatever happened: the profiles finished before a failure are still results.
+    write_csv(&out.join("calibrate.csv"), &outcome)?;
+    let page = page(plan, &outcome).map_err(|e| anyhow!(e))?;
+    let html = out.join("calibrate.html");
+    std::fs::write(&html, page).with_context(|| format!("write {}", html.display()))?;
+    measured.map(|()| outcome)
+}
+
+async fn measure_all(
+    plan: &Plan,
+    upstream: SocketAddr,
+    say: &mut impl FnMut(&str),
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
     for profile in &plan.profiles {
         let mut rows = Vec::new();
         for &workload in &plan.workloads {
@@ -249,11 +265,7 @@ async fn run_against(
         say(&format!("\n{}", stats::render(&profile.name, &rows)));
         outcome.tables.push((profile.name.clone(), rows));
     }
-    write_csv(&out.join("calibrate.csv"), &outcome)?;
-    let page = page(plan, &outcome).map_err(|e| anyhow!(e))?;
-    let html = out.join("calibrate.html");
-    std::fs::write(&html, page).with_context(|| format!("write {}", html.display()))?;
-    Ok(outcome)
+    Ok(())
 }
 
 /// One engine's run of one workload through a fresh proxy.
