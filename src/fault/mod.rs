@@ -55,29 +55,21 @@ impl Direction {
     }
 }
 
-/// Round-trip figures of the emulated path, shared by both directions' retransmission logic.
+/// The emulated path's round trip: the handshake's RTT sample, and what each direction's ACKs
+/// take to come back. (The RTO is the sender's own estimate, from its samples.)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PathTiming {
     /// Upstream + downstream delay + mean jitter of both.
     pub rtt: Duration,
-    /// `rtt + max(4·rttvar, rto_min)`; `rto_min` of the direction that retransmits.
-    rttvar: Duration,
 }
 
 impl PathTiming {
     pub fn of(profile: &Profile) -> PathTiming {
         let (up, down) = (&profile.upstream, &profile.downstream);
         let mean = jitter_mean(up) + jitter_mean(down);
-        let var = jitter_sd(up).powi(2) + jitter_sd(down).powi(2);
         PathTiming {
             rtt: up.delay + down.delay + Duration::from_secs_f64(mean),
-            rttvar: Duration::from_secs_f64(var.sqrt()),
         }
-    }
-
-    /// The retransmission timeout a sender on a link with this `rto_min` uses.
-    pub fn rto(&self, rto_min: Duration) -> Duration {
-        self.rtt + (self.rttvar * 4).max(rto_min)
     }
 }
 
@@ -85,16 +77,6 @@ fn jitter_mean(p: &LinkParams) -> f64 {
     match p.jitter_distribution {
         JitterDistribution::Pareto => p.jitter.as_secs_f64(),
         JitterDistribution::Uniform | JitterDistribution::Normal => 0.0,
-    }
-}
-
-fn jitter_sd(p: &LinkParams) -> f64 {
-    let j = p.jitter.as_secs_f64();
-    match p.jitter_distribution {
-        JitterDistribution::Uniform => j / 3f64.sqrt(),
-        JitterDistribution::Normal => j,
-        // Lomax with shape 3 and mean j has variance 3·j².
-        JitterDistribution::Pareto => j * 3f64.sqrt(),
     }
 }
 

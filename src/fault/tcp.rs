@@ -298,10 +298,6 @@ impl Sender {
         self.window.cwnd
     }
 
-    pub fn srtt(&self) -> Option<Duration> {
-        self.srtt
-    }
-
     /// Hands segments of these lengths to the sender at `now` and sends what the window allows;
     /// returns their sequence numbers. Their arrivals are then known, except for lost ones:
     /// [`Sender::arrivals`] finds those.
@@ -353,13 +349,14 @@ impl Sender {
         net: &N,
         out: &mut Vec<Arrival>,
     ) {
-        let missing = seqs.clone().any(|s| !self.arrivals.contains_key(&s));
-        let mut ahead = missing.then(|| (self.clone(), net.clone()));
+        let mut missing: Vec<u64> = seqs
+            .clone()
+            .filter(|s| !self.arrivals.contains_key(s))
+            .collect();
+        let mut ahead = (!missing.is_empty()).then(|| (self.clone(), net.clone()));
         if let Some((sender, net)) = &mut ahead {
-            while seqs.clone().any(|s| !sender.arrivals.contains_key(&s)) {
-                if !sender.step(net) {
-                    break;
-                }
+            while !missing.is_empty() && sender.step(net) {
+                missing.retain(|s| !sender.arrivals.contains_key(s));
             }
         }
         for seq in seqs.clone() {
