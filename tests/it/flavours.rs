@@ -130,25 +130,29 @@ async fn large_blobs_and_open_loop() {
 async fn lossy(flavour: &'static dyn Flavour) {
     let s = server(flavour).await;
     let proxy = TestProxy::start(s.addr, "lossy-10ms-1pct").await;
-    let mut medians = Vec::new();
+    // Low quantiles, not medians: while other tests load the two cores a kept connection's
+    // median rose from 20.4 to 24.0 ms and its p90 to 39 ms (the wait for a core, not the model),
+    // but every quantile is bounded below by the round trips the model adds, and the 10th
+    // percentile of 200 calls still has twenty of them.
+    let mut lows = Vec::new();
     for mode in [Mode::Single, Mode::PerCall] {
         let mut spec = spec(flavour, proxy.addr, mode, Workload::Order);
         spec.concurrency = 1;
         spec.stop = Stop::Calls(200);
         let out = bench::run(&spec).await;
         assert_eq!(out.ok, 200, "{}", out.summary(&spec));
-        let p50 = out.latency.value_at_quantile(0.5);
+        let p10 = out.latency.value_at_quantile(0.1);
         // A clean call is 20 ms on a kept connection: 2 × 10 ms, plus a little processing.
         if mode == Mode::Single {
-            assert!((20_000..24_000).contains(&p50), "{}", out.summary(&spec));
+            assert!((20_000..24_000).contains(&p10), "{}", out.summary(&spec));
         }
         println!("{}", out.summary(&spec));
-        medians.push(p50 as i64);
+        lows.push(p10 as i64);
     }
-    let extra = medians[1] - medians[0];
+    let extra = lows[1] - lows[0];
     assert!(
         (17_000..30_000).contains(&extra),
-        "{}: per-call adds {extra} µs at the median, expected about one RTT (20 ms)",
+        "{}: per-call adds {extra} µs at the 10th percentile, expected about one RTT (20 ms)",
         flavour.name()
     );
     assert!(proxy.stats.snapshot().stalls_up + proxy.stats.snapshot().stalls_down > 0);
