@@ -186,7 +186,8 @@ pub struct ConnectParams {
 pub enum SynBackoff {
     /// 1 s, 2 s, 4 s, … (classic Linux).
     Exponential,
-    /// `syn_rto` each time (Linux ≥ 6.5 with `tcp_syn_linear_timeouts`).
+    /// Linux ≥ 6.5 (`tcp_syn_linear_timeouts` = 4): the client's SYN waits `syn_rto` for its
+    /// first five timeouts, then doubles (1, 1, 1, 1, 1, 2, 4 s); the SYN-ACK always doubles.
     Linear,
 }
 

@@ -9,8 +9,9 @@
 //!   times never decrease (a stalled segment holds back everything behind it, as TCP's in-order
 //!   delivery does);
 //! - the sender sends what its congestion window ([`cc`]: CUBIC or Reno, IW10, slow start)
-//!   allows, not before the connection is set up; the link serialises at `rate` and delivers
-//!   `delay + jitter` later, or loses the segment;
+//!   allows, not before the connection is set up; the link ([`wire`], shared with the packet
+//!   engine) serialises segments with their headers at `rate`, drops what overflows
+//!   `queue_limit`, and delivers in order `delay + jitter` later, or loses the segment;
 //! - a lost segment is found and sent again by Linux's rules: RACK when later segments got
 //!   through, a tail loss probe at 2·SRTT, the RTO (from the last ACK, backing off to 120 s),
 //!   with SRTT and RTTVAR estimated as the kernel does and timers on the kernel's jiffies;
@@ -21,6 +22,7 @@
 
 pub mod cc;
 pub mod tcp;
+pub mod wire;
 
 use std::time::Duration;
 
@@ -28,12 +30,17 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
+use wire::{Wire, SEGMENT_OVERHEAD};
+
 use crate::profile::{
     ConnectParams, JitterDistribution, LinkParams, LossProcess, Profile, SynBackoff,
 };
 
 /// Linux `tcp_syn_retries`.
 const MAX_SYN_RETRIES: u32 = 6;
+/// Linux `tcp_syn_linear_timeouts` (≥ 6.5): with `syn_backoff = "linear"`, the client's first
+/// retransmission timers this many times after the first do not back off.
+const SYN_LINEAR_TIMEOUTS: u32 = 4;
 /// Shape of the Lomax jitter: finite mean and variance, heavy tail.
 const PARETO_SHAPE: f64 = 3.0;
 
@@ -101,8 +108,8 @@ struct Path {
     rng: ChaCha8Rng,
     /// Gilbert–Elliott state (false = good).
     bad_state: bool,
-    /// Bandwidth: when the link can start serialising the next segment.
-    next_free: Duration,
+    /// The bottleneck and the wire.
+    wire: Wire,
 }
 
 impl Path {
@@ -112,7 +119,7 @@ impl Path {
             ack_delay: ack_delay(params, timing),
             rng,
             bad_state: false,
-            next_free: Duration::ZERO,
+            wire: Wire::default(),
         }
     }
 
@@ -131,14 +138,14 @@ fn ack_delay(params: &LinkParams, timing: PathTiming) -> Duration {
 
 impl tcp::Network for Path {
     fn carry(&mut self, at: Duration, len: usize, may_lose: bool) -> Option<Duration> {
-        let depart = at.max(self.next_free);
-        if let Some(bps) = self.params.rate_bps {
-            let bits = (len.max(1) * 8) as f64;
-            self.next_free = depart + Duration::from_secs_f64(bits / bps as f64);
-        }
-        let arrival = jittered(&self.params, depart + self.params.delay, &mut self.rng).max(depart);
-        let lost = self.draw_loss();
-        (!lost || !may_lose).then_some(arrival)
+        // The draws come first and are the same whatever happens to the segment, so a seed
+        // loses the same segment ordinals whatever the rate and queue did.
+        let delay = jittered(&self.params, self.params.delay, &mut self.rng);
+        let lost = self.draw_loss() && may_lose;
+        let serialised = self
+            .wire
+            .serialise(&self.params, at, len + SEGMENT_OVERHEAD, may_lose)?;
+        (!lost).then(|| self.wire.arrive(serialised.done + delay))
     }
 
     fn ack_delay(&self) -> Duration {
@@ -210,9 +217,6 @@ impl LinkModel {
     pub fn retune(&mut self, params: &LinkParams, timing: PathTiming) {
         self.path.params = params.clone();
         self.path.ack_delay = ack_delay(params, timing);
-        if params.rate_bps.is_none() {
-            self.path.next_free = Duration::ZERO;
-        }
         self.sender.set_rto_min(params.rto_min);
     }
 
@@ -247,7 +251,7 @@ impl LinkModel {
 
     /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
     pub fn send_reset(&mut self, now: Duration) -> Duration {
-        let arrival = now.max(self.floor).max(self.path.next_free) + self.path.params.delay;
+        let arrival = now.max(self.floor).max(self.path.wire.next_free()) + self.path.params.delay;
         self.last_release = self.last_release.max(arrival);
         self.last_release
     }
@@ -271,12 +275,13 @@ impl LinkModel {
         }
     }
 
-    /// Stall of a handshake packet (SYN or SYN-ACK) sent in this direction, and how many times
-    /// it was lost.
+    /// Stall of a handshake packet (the client's SYN, or the server's SYN-ACK) sent in this
+    /// direction, and how many times it was lost.
     fn handshake_stall(
         &mut self,
         connect: &ConnectParams,
         loss: Option<LossProcess>,
+        packet: Handshake,
     ) -> (Duration, u32) {
         // A handshake-only loss process (a `syn_loss` toxic) stands in for the link's.
         let link_loss = self.path.params.loss;
@@ -286,10 +291,14 @@ impl LinkModel {
         let mut stall = Duration::ZERO;
         let mut losses = 0;
         while losses < MAX_SYN_RETRIES && self.path.draw_loss() {
-            let timeout = match connect.syn_backoff {
-                SynBackoff::Exponential => connect.syn_rto * (1 << losses),
-                SynBackoff::Linear => connect.syn_rto,
+            // Linux's tcp_retransmit_timer: in SYN-SENT, the first tcp_syn_linear_timeouts + 1
+            // timers keep the initial RTO (1, 1, 1, 1, 1, 2, 4 s); the passive side's SYN-ACK
+            // timer always doubles.
+            let doublings = match (connect.syn_backoff, packet) {
+                (SynBackoff::Linear, Handshake::Syn) => losses.saturating_sub(SYN_LINEAR_TIMEOUTS),
+                _ => losses,
             };
+            let timeout = connect.syn_rto * (1 << doublings);
             // The SYN timer is a kernel timer too: at a second or more it sits on the wheel's
             // coarser levels and fires up to 8 (then 64) jiffies late.
             stall = self.jiffies.fire(stall, tcp::Jiffies::ceil(timeout));
@@ -298,6 +307,13 @@ impl LinkModel {
         self.path.params.loss = link_loss;
         (stall, losses)
     }
+}
+
+/// Which handshake packet a direction sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handshake {
+    Syn,
+    SynAck,
 }
 
 /// Loss processes that stand in for the links' own for the handshake's packets only (`syn_loss`
@@ -355,9 +371,9 @@ impl ConnectionModel {
             stream_rng(seed, proxy, ordinal, Direction::Downstream),
         );
         let (syn_stall, syn_losses) =
-            upstream.handshake_stall(&profile.connect, handshake_loss.syn);
+            upstream.handshake_stall(&profile.connect, handshake_loss.syn, Handshake::Syn);
         let (synack_stall, synack_losses) =
-            downstream.handshake_stall(&profile.connect, handshake_loss.synack);
+            downstream.handshake_stall(&profile.connect, handshake_loss.synack, Handshake::SynAck);
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
@@ -556,13 +572,16 @@ mod tests {
     }
 
     #[test]
-    fn linear_syn_backoff_repeats_the_same_timeout() {
+    fn linear_syn_backoff_keeps_five_syn_timeouts_and_the_syn_ack_doubles() {
         let p =
             profile("[link]\ndelay = \"10ms\"\nloss = 1.0\n[connect]\nsyn_backoff = \"linear\"\n");
         let m = ConnectionModel::new(&p, 1, "x", 0);
         assert_eq!(m.syn_losses, MAX_SYN_RETRIES);
-        let least = 20 * MS + 2 * MAX_SYN_RETRIES * Duration::from_secs(1);
-        let most = least + 2 * MAX_SYN_RETRIES * 32 * MS;
+        assert_eq!(m.synack_losses, MAX_SYN_RETRIES);
+        // SYN: 1 + 1 + 1 + 1 + 1 + 2 s; SYN-ACK: 1 + 2 + 4 + 8 + 16 + 32 s. Timers of 2 s and more
+        // sit on the wheel level that rounds up to 64 jiffies (256 ms).
+        let least = 20 * MS + Duration::from_secs(7 + 63);
+        let most = least + 2 * MAX_SYN_RETRIES * 256 * MS;
         assert!(m.setup > least && m.setup <= most, "{:?}", m.setup);
     }
 
@@ -689,20 +708,23 @@ mod tests {
     }
 
     #[test]
-    fn bandwidth_serialises_segments_at_the_rate() {
-        // 1448-byte segments at 11.584 Mbit/s: exactly 1 ms each.
-        let p = profile("[link]\ndelay = \"5ms\"\nrate = \"11584kbit\"\n");
+    fn bandwidth_serialises_segments_with_their_headers_at_the_rate() {
+        // 1448-byte payloads plus 52 bytes of headers at 12 Mbit/s: exactly 1 ms each, the first
+        // one included. The initial window fills the first 10 ms; the first ACK comes back at
+        // 11 ms (1 ms on the bottleneck, 5 ms each way), so the link idles for one ms, and from
+        // then on slow start keeps it busy.
+        let p = profile("[link]\ndelay = \"5ms\"\nrate = \"12Mbit\"\n");
         let mut m = ConnectionModel::new(&p, 1, "bw", 0);
         let mut segs = Vec::new();
         let t0 = Duration::from_secs(1);
         m.upstream.send(t0, 100 * 1448, &mut segs);
+        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(1);
         for (i, s) in segs.iter().enumerate() {
-            let expected = t0 + 5 * MS + MS * i as u32;
-            let diff = s.release.abs_diff(expected);
+            let expected = t0 + 5 * MS + MS * (i as u32 + 1 + u32::from(i >= 10));
             assert!(
-                diff < Duration::from_micros(1),
+                near(s.release, expected),
                 "segment {i}: {:?}",
-                s.release
+                s.release - t0
             );
         }
     }

@@ -2,9 +2,9 @@
 //! model, so it is tested on a virtual clock with no devices.
 //!
 //! A packet arriving at time `now` meets, in order:
-//! 1. the bottleneck queue: with a `rate`, it starts serialising when every packet before it has
-//!    finished (`depart = max(now, next_free)`, `next_free = depart + bits / rate`); if the bytes
-//!    still waiting for the wire would exceed `queue_limit`, it is dropped (drop-tail);
+//! 1. the bottleneck queue ([`Wire`], the same as the model's): with a `rate`, it is serialised
+//!    once every packet before it has been, taking `bits / rate`; if the bytes still waiting for
+//!    the wire would exceed `queue_limit`, it is dropped (drop-tail);
 //! 2. the wire: lost with the loss process (Bernoulli or Gilbert–Elliott, on *every* packet:
 //!    SYNs, pure ACKs, UDP); otherwise delivered `delay + jitter` after it finished serialising,
 //!    never before the packet in front of it (jitter alone does not reorder, as on a real path);
@@ -19,6 +19,7 @@ use std::time::Duration;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::fault::wire::Wire;
 use crate::fault::{draw_loss, jittered};
 use crate::profile::LinkParams;
 
@@ -67,10 +68,8 @@ pub struct PacketImpairment {
     streams: Streams,
     /// Gilbert–Elliott state (false = good).
     bad_state: bool,
-    /// When the bottleneck can start serialising the next packet.
-    next_free: Duration,
-    /// Latest delivery of a packet that kept its place (for in-order delivery).
-    last_release: Duration,
+    /// The bottleneck queue and the in-order wire.
+    wire: Wire,
 }
 
 impl PacketImpairment {
@@ -79,8 +78,7 @@ impl PacketImpairment {
             params: params.clone(),
             streams,
             bad_state: false,
-            next_free: Duration::ZERO,
-            last_release: Duration::ZERO,
+            wire: Wire::default(),
         }
     }
 
@@ -99,32 +97,20 @@ impl PacketImpairment {
         let corrupt = (faults.random::<f64>() < self.params.corrupt).then_some(corrupt_draw);
         let jittered_delay = jittered(&self.params, self.params.delay, &mut self.streams.jitter);
 
-        let depart = now.max(self.next_free);
-        let serialise = match self.params.rate_bps {
-            Some(bps) => {
-                let backlog_bits = (depart - now).as_secs_f64() * bps as f64;
-                let len_bits = (len * 8) as f64;
-                if backlog_bits + len_bits > (self.params.queue_limit * 8) as f64 {
-                    return Fate::Dropped(DropCause::Queue);
-                }
-                Duration::from_secs_f64(len_bits / bps as f64)
-            }
-            None => Duration::ZERO,
+        let Some(serialised) = self.wire.serialise(&self.params, now, len, true) else {
+            return Fate::Dropped(DropCause::Queue);
         };
-        self.next_free = depart + serialise;
         if lost {
             return Fate::Dropped(DropCause::Loss);
         }
-        let on_wire = depart + serialise;
         let at = if reordered {
-            on_wire
+            serialised.done
         } else {
-            self.last_release = (on_wire + jittered_delay).max(self.last_release);
-            self.last_release
+            self.wire.arrive(serialised.done + jittered_delay)
         };
         Fate::Delivered(Delivery {
             at,
-            queued: depart - now,
+            queued: serialised.queued,
             duplicate,
             reordered,
             corrupt,
