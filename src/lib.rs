@@ -50,3 +50,7 @@ pub mod timer;
 pub mod toxic;
 pub mod units;
 pub mod workload;
+
+/// Property tests of every decoder a peer or a file reaches (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod fuzz;

@@ -169,13 +169,65 @@ pub fn encode_histogram(h: &Histogram<u64>) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// HdrHistogram's serial format (V2), as hdrhistogram writes it: a cookie, then (deflated or
+/// not) a header and the counts.
+const HDR_V2: u32 = 0x1c84_9303 | 0x10;
+const HDR_V2_DEFLATE: u32 = 0x1c84_9304 | 0x10;
+/// Largest `hdr` a results file may hold, by its header: 3 significant digits (ours), values up
+/// to 2⁴² µs (50 days; ours stop at an hour), and counts of at most 1 MiB encoded. The
+/// deserializer takes a header's sizes at their word (a 40-byte field could claim a 4 GiB
+/// payload, or 5 digits up to 2⁶⁴, about 50 MiB of counts), so they are checked first.
+const HDR_MAX_DIGITS: u32 = 3;
+const HDR_MAX_VALUE: u64 = 1 << 42;
+const HDR_MAX_PAYLOAD: u32 = 1 << 20;
+/// Counts a histogram within those bounds has, at most.
+pub const HDR_MAX_COUNTS: usize = 2048 * 33;
+
 pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
+    use std::io::Read;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .map_err(|e| format!("hdr is not base64: {e}"))?;
-    Deserializer::new()
-        .deserialize(&mut bytes.as_slice())
-        .map_err(|e| format!("hdr is not an HdrHistogram: {e:?}"))
+    let not_hdr = |why: &str| format!("hdr is not an HdrHistogram: {why}");
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    // The uncompressed stream: a V2 cookie, then header and counts.
+    let mut stream: Box<dyn Read + '_> = match word(&bytes, 0) {
+        Some(HDR_V2) => Box::new(bytes.as_slice()),
+        Some(HDR_V2_DEFLATE) => {
+            let len = word(&bytes, 4).ok_or_else(|| not_hdr("truncated"))? as usize;
+            let deflated = &bytes[8..];
+            Box::new(flate2::read::ZlibDecoder::new(
+                &deflated[..len.min(deflated.len())],
+            ))
+        }
+        _ => return Err(not_hdr("unknown cookie")),
+    };
+    // cookie, payload length, normalizing offset, digits, lowest, highest, ratio
+    let mut header = [0u8; 40];
+    stream
+        .read_exact(&mut header)
+        .map_err(|e| not_hdr(&format!("header: {e}")))?;
+    let u64_at = |at: usize| u64::from_be_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    let (cookie, payload, digits) = (
+        word(&header, 0).unwrap_or(0),
+        word(&header, 4).unwrap_or(0),
+        word(&header, 12).unwrap_or(0),
+    );
+    if cookie != HDR_V2 {
+        return Err(not_hdr("unknown inner cookie"));
+    }
+    if payload > HDR_MAX_PAYLOAD || digits > HDR_MAX_DIGITS || u64_at(24) > HDR_MAX_VALUE {
+        return Err(not_hdr(&format!(
+            "larger than faultrig writes ({payload} bytes of counts, {digits} digits, values \
+             up to {})",
+            u64_at(24)
+        )));
+    }
+    let mut rest = std::io::Cursor::new(header).chain(stream);
+    let decoded = Deserializer::new().deserialize(&mut rest);
+    decoded.map_err(|e| format!("hdr is not an HdrHistogram: {e:?}"))
 }
 
 /// Appends rows to a CSV file, writing the header first when the file is new or empty. Each row
@@ -206,11 +258,16 @@ impl ResultsWriter {
 
 /// Reads every row of a results CSV, checking its header is ours.
 pub fn read(path: &Path) -> Result<Vec<Row>, String> {
-    let mut reader =
-        csv::Reader::from_path(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    read_from(file, &path.display().to_string())
+}
+
+/// [`read`] from any reader; `origin` names it in messages.
+pub fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, String> {
+    let mut reader = csv::Reader::from_reader(input);
     let header = reader
         .headers()
-        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map_err(|e| format!("{origin}: {e}"))?
         .clone();
     // Files from before the newer columns have every other column, in the same order.
     let known = (0..=ADDED).any(|missing| {
@@ -220,14 +277,13 @@ pub fn read(path: &Path) -> Result<Vec<Row>, String> {
     });
     if !known {
         return Err(format!(
-            "{}: not a faultrig results file (its header differs from the expected columns)",
-            path.display()
+            "{origin}: not a faultrig results file (its header differs from the expected columns)"
         ));
     }
     reader
         .deserialize()
         .enumerate()
-        .map(|(i, row)| row.map_err(|e| format!("{}: row {}: {e}", path.display(), i + 2)))
+        .map(|(i, row)| row.map_err(|e| format!("{origin}: row {}: {e}", i + 2)))
         .collect()
 }
 

@@ -11,6 +11,14 @@ use crate::rig::{pb, Call, Reply};
 /// Stock each SKU starts with unless told otherwise.
 pub const DEFAULT_STOCK: i64 = 1_000_000_000;
 
+/// Distinct SKUs a server keeps stock for. SKUs appear on first use, so without a cap a peer
+/// naming a new SKU per call would grow the map for ever; past it, a new SKU is refused (known
+/// ones go on). With [`MAX_SKU_BYTES`], the map stays under about 12 MiB.
+pub const MAX_SKUS: usize = 65_536;
+
+/// Longest SKU accepted, in bytes.
+pub const MAX_SKU_BYTES: usize = 128;
+
 /// What `Deduct` does after updating the stock, as given on the command line or in an
 /// experiment (`none`, `sleep:DUR`, `redis://HOST:PORT`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -176,7 +184,19 @@ impl RigService {
                 req.quantity
             )));
         }
+        if req.sku.len() > MAX_SKU_BYTES {
+            return Err(ServiceError(format!(
+                "SKU of {} bytes is longer than the {MAX_SKU_BYTES} allowed",
+                req.sku.len()
+            )));
+        }
         let mut stock = self.stock.lock().unwrap_or_else(|e| e.into_inner());
+        if stock.len() >= MAX_SKUS && !stock.contains_key(&req.sku) {
+            return Err(ServiceError(format!(
+                "the server keeps stock for {MAX_SKUS} SKUs at most, all taken; \"{}\" is new",
+                req.sku
+            )));
+        }
         let remaining = stock.entry(req.sku.clone()).or_insert(self.initial_stock);
         let quantity = i64::from(req.quantity);
         let ok = *remaining >= quantity;
@@ -232,6 +252,31 @@ mod tests {
             })
         );
         assert!(service.handle(deduct("sku-1", 0)).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn new_skus_past_the_cap_are_refused_and_known_ones_go_on() {
+        let service = RigService::default();
+        for i in 0..MAX_SKUS {
+            service.handle(deduct(&format!("s{i}"), 1)).await.unwrap();
+        }
+        let err = service.handle(deduct("one-more", 1)).await.unwrap_err();
+        assert!(err.0.contains("65536 SKUs"), "{err}");
+        assert_eq!(lock_len(&service), MAX_SKUS, "the refused SKU took no room");
+        let known = service.handle(deduct("s7", 1)).await.unwrap();
+        assert_eq!(
+            known,
+            Reply::Deduct(pb::DeductReply {
+                remaining: DEFAULT_STOCK - 2,
+                ok: true
+            })
+        );
+        let long = "x".repeat(MAX_SKU_BYTES + 1);
+        assert!(service.handle(deduct(&long, 1)).await.is_err());
+    }
+
+    fn lock_len(service: &RigService) -> usize {
+        service.stock.lock().unwrap().len()
     }
 
     #[test]

@@ -295,11 +295,26 @@ fn combine_loss(a: LossProcess, b: LossProcess) -> LossProcess {
     }
 }
 
-/// Cuts `len` bytes into slicer pieces: sizes uniform in `average ± variation` (at least 1).
-pub fn slice(len: usize, slicer: &Slicer, rng: &mut ChaCha8Rng) -> Vec<usize> {
+impl Slicer {
+    /// The smallest piece [`slice`] cuts (short of a chunk's last).
+    pub fn min_piece(&self) -> usize {
+        self.average_size
+            .saturating_sub(self.size_variation.min(self.average_size))
+            .max(1) as usize
+    }
+}
+
+/// Cuts `len` bytes into slicer pieces: sizes uniform in `average ± variation` (at least 1), and
+/// at most `max_pieces` of them (the last takes whatever is left), since each piece is an entry
+/// in a queue: a 1-byte slicer would otherwise queue an entry per byte.
+pub fn slice(len: usize, slicer: &Slicer, rng: &mut ChaCha8Rng, max_pieces: usize) -> Vec<usize> {
     let mut pieces = Vec::new();
     let mut left = len;
     while left > 0 {
+        if pieces.len() + 1 >= max_pieces {
+            pieces.push(left);
+            break;
+        }
         let avg = slicer.average_size as i64;
         let var = slicer.size_variation.min(slicer.average_size) as i64;
         let size = if var > 0 {
@@ -523,12 +538,23 @@ mod tests {
         };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         for len in [1, 99, 100, 1000, 65_536] {
-            let pieces = slice(len, &s, &mut rng);
+            let pieces = slice(len, &s, &mut rng, usize::MAX);
             assert_eq!(pieces.iter().sum::<usize>(), len);
             let (last, rest) = pieces.split_last().unwrap();
             assert!(rest.iter().all(|&p| (70..=130).contains(&p)), "{pieces:?}");
             assert!(*last <= 130);
         }
+        assert_eq!(s.min_piece(), 70);
+        let bytewise = Slicer {
+            average_size: 1,
+            size_variation: 0,
+            delay: Duration::ZERO,
+        };
+        assert_eq!(bytewise.min_piece(), 1);
+        let pieces = slice(10_000, &bytewise, &mut rng, 100);
+        assert_eq!(pieces.len(), 100);
+        assert_eq!(pieces[..99], [1; 99]);
+        assert_eq!(pieces.iter().sum::<usize>(), 10_000);
     }
 
     /// Retuning a live direction never lets later bytes overtake earlier ones.

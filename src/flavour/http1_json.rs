@@ -11,6 +11,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
 use crate::rig::{Call, Reply};
@@ -34,8 +35,10 @@ impl Flavour for Http1Json {
         service: Arc<RigService>,
     ) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let handler =
-                hyper::service::service_fn(move |req| http_json::handle(req, service.clone()));
+            let budget = Budget::default();
+            let handler = hyper::service::service_fn(move |req| {
+                http_json::handle(req, service.clone(), budget.clone())
+            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), handler)
                 .await;

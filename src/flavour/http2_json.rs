@@ -10,6 +10,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
 use crate::rig::{Call, Reply};
@@ -20,14 +21,25 @@ use crate::service::RigService;
 pub const STREAM_WINDOW: u32 = 4 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
+/// Streams one HTTP/2 connection may have open: ten times the largest concurrency the
+/// experiments use. A client past it waits for a stream to close (h2 flow control).
+pub const MAX_STREAMS: u32 = 1024;
+
+/// Largest header block a stream may send (hyper's default, stated): with [`MAX_STREAMS`],
+/// 16 MiB of headers per connection at most.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
+
 /// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
-/// room for every call a load generator keeps in flight.
+/// room for every call a load generator keeps in flight. Request bytes not yet read by a
+/// handler are bounded by the connection window; what handlers hold is charged to the
+/// connection's byte budget (`http2-json`, see [`super::budget`]).
 pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_concurrent_streams(10_000);
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_header_list_size(MAX_HEADER_LIST);
     builder
 }
 
@@ -49,8 +61,10 @@ impl Flavour for Http2Json {
         service: Arc<RigService>,
     ) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let handler =
-                hyper::service::service_fn(move |req| http_json::handle(req, service.clone()));
+            let budget = Budget::default();
+            let handler = hyper::service::service_fn(move |req| {
+                http_json::handle(req, service.clone(), budget.clone())
+            });
             let _ = server_builder()
                 .serve_connection(TokioIo::new(stream), handler)
                 .await;

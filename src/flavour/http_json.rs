@@ -12,33 +12,111 @@ use std::task::{Context, Poll, Wake, Waker};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use super::budget::{self, Budget, Charge};
 use super::{CallError, ErrorKind, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
 const PREFIX: &str = "/rig/";
 
-/// The server side: route, decode, handle, encode.
+/// Budget bytes charged per body byte: the body's chunks as read, the call decoded from them
+/// (base64 and strings decode to no more than their JSON), and the reply (an echo's is the
+/// body again).
+const COST_PER_BODY_BYTE: usize = 3;
+
+/// A response body holding its call's budget charge until hyper has taken the last bytes.
+pub struct ChargedBody {
+    body: Full<Bytes>,
+    _charge: Vec<Charge>,
+}
+
+impl Body for ChargedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The server side: route, decode, handle, encode. What the call holds is charged to the
+/// connection's `budget`; a call that does not fit is refused with `503` (HTTP/2 streams of
+/// one connection run at once, so waiting would stall the connection's other calls).
 pub async fn handle(
     req: Request<Incoming>,
     service: Arc<RigService>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    Ok(respond(req, &service)
+    budget: Budget,
+) -> Result<Response<ChargedBody>, Infallible> {
+    let mut charges = Vec::new();
+    let response = respond(req, &service, &budget, &mut charges)
         .await
         .unwrap_or_else(|(status, message)| {
+            charges.clear();
             Response::builder()
                 .status(status)
                 .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
                 .body(Full::new(Bytes::from(message)))
                 .expect("static response parts are valid")
-        }))
+        });
+    Ok(response.map(|body| ChargedBody {
+        body,
+        _charge: charges,
+    }))
+}
+
+/// The request's body, each chunk charged to `budget` as it arrives.
+async fn read_body(
+    body: Incoming,
+    budget: &Budget,
+    charges: &mut Vec<Charge>,
+) -> Result<Bytes, (StatusCode, String)> {
+    let busy = |refused: budget::Refused| (StatusCode::SERVICE_UNAVAILABLE, refused.to_string());
+    charges.push(budget.try_charge(budget::call_cost(0)).map_err(busy)?);
+    let mut body = Limited::new(body, MAX_MESSAGE);
+    let mut chunks = Vec::new();
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            let cost = COST_PER_BODY_BYTE * data.len();
+            charges.push(budget.try_charge(cost).map_err(busy)?);
+            total += data.len();
+            chunks.push(data);
+        }
+    }
+    if chunks.len() == 1 {
+        return Ok(chunks.pop().expect("one chunk"));
+    }
+    let mut all = bytes::BytesMut::with_capacity(total);
+    for chunk in chunks {
+        all.extend_from_slice(&chunk);
+    }
+    Ok(all.freeze())
 }
 
 async fn respond(
     req: Request<Incoming>,
     service: &RigService,
+    budget: &Budget,
+    charges: &mut Vec<Charge>,
 ) -> Result<Response<Full<Bytes>>, (StatusCode, String)> {
     let op = req
         .uri()
@@ -54,16 +132,7 @@ async fn respond(
     if req.method() != Method::POST {
         return Err((StatusCode::METHOD_NOT_ALLOWED, "use POST".into()));
     }
-    let body = Limited::new(req.into_body(), MAX_MESSAGE)
-        .collect()
-        .await
-        .map_err(|e| {
-            (
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the body: {e}"),
-            )
-        })?
-        .to_bytes();
+    let body = read_body(req.into_body(), budget, charges).await?;
     let call = Call::decode_json(op, &body).map_err(|e| (StatusCode::BAD_REQUEST, e.0))?;
     let reply = service
         .handle(call)

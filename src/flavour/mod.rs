@@ -6,6 +6,7 @@
 //! uses ([`connect_tcp`], counting connections and wire bytes), and the classification of
 //! failures into the outcome columns of the CSV ([`ErrorKind`]).
 
+pub mod budget;
 pub mod grpc;
 pub mod http1_json;
 pub mod http2_json;

@@ -16,8 +16,9 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
+use super::budget::{self, Budget, Charge, Frames};
 use super::{BoxFuture, CallError, Client, ErrorKind, Flavour, WireCounters, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
@@ -38,12 +39,12 @@ pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> i
     super::serve(&TcpBinary, listener, Arc::default(), shutdown).await
 }
 
-fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .length_field_length(4)
-        .max_frame_length(MAX_MESSAGE + HEADER)
-        .new_codec()
+fn codec() -> Frames {
+    Frames::new(MAX_MESSAGE + HEADER)
 }
+
+/// A frame for the writer, with the budget charge it releases once written (servers only).
+type Outgoing = (Bytes, Option<Charge>);
 
 /// `[id][method][body]` with the body written straight into the frame.
 fn frame(id: u64, method: u16, body_len: usize, body: impl FnOnce(&mut BytesMut)) -> Bytes {
@@ -52,6 +53,13 @@ fn frame(id: u64, method: u16, body_len: usize, body: impl FnOnce(&mut BytesMut)
     buf.put_u16(method);
     body(&mut buf);
     buf.freeze()
+}
+
+/// An error reply: the method with [`ERROR_FLAG`], and a UTF-8 message.
+fn error_frame(id: u64, method: u16, message: &str) -> Bytes {
+    frame(id, ERROR_FLAG | method, message.len(), |b| {
+        b.put_slice(message.as_bytes())
+    })
 }
 
 /// Splits a frame into id, method and body.
@@ -93,14 +101,21 @@ impl Flavour for TcpBinary {
 }
 
 async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
+    serve_connection_with(stream, service, Budget::default()).await
+}
+
+/// Serves one connection whose calls in flight (requests read, replies not yet written) are
+/// charged to `budget`: when the connection's is spent, reading pauses until replies drain.
+async fn serve_connection_with(stream: TcpStream, service: Arc<RigService>, budget: Budget) {
     let peer = stream.peer_addr().ok();
     let (r, w) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<Bytes>(WRITE_QUEUE);
+    let (tx, rx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
     let writer = write_frames(w, rx);
     let reader = async move {
         let mut frames = FramedRead::new(r, codec());
         let in_flight = Arc::new(Semaphore::new(SERVER_IN_FLIGHT));
         while let Some(frame) = frames.next().await {
+            let cost = frame.as_ref().map_or(0, |f| budget::call_cost(f.len()));
             let parsed = frame.map_err(|e| e.to_string()).and_then(parse);
             let (id, method, body) = match parsed {
                 Ok(parts) => parts,
@@ -114,13 +129,26 @@ async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
                     return;
                 }
             };
+            let charge = match budget.charge(cost).await {
+                Ok(charge) => charge,
+                Err(refused) => {
+                    // The process's budget is spent: refuse this call cleanly and go on.
+                    drop(body);
+                    let reply = error_frame(id, method, &refused.to_string());
+                    if tx.send((reply, None)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                 return;
             };
             let (tx, service) = (tx.clone(), service.clone());
             tokio::spawn(async move {
                 let reply = answer(&service, id, method, &body).await;
-                let _ = tx.send(reply).await;
+                drop(body);
+                let _ = tx.send((reply, Some(charge))).await;
                 drop(permit);
             });
         }
@@ -131,11 +159,7 @@ async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
 }
 
 async fn answer(service: &RigService, id: u64, method: u16, body: &[u8]) -> Bytes {
-    let error = |message: String| {
-        frame(id, ERROR_FLAG | method, message.len(), |b| {
-            b.put_slice(message.as_bytes())
-        })
-    };
+    let error = |message: String| error_frame(id, method, &message);
     let Some(op) = Operation::from_code(method) else {
         return error(format!("unknown method {method}"));
     };
@@ -152,15 +176,22 @@ async fn answer(service: &RigService, id: u64, method: u16, body: &[u8]) -> Byte
 }
 
 /// Drains `rx` into the socket, flushing only when the queue is empty so bursts of small frames
-/// share syscalls.
-async fn write_frames(w: impl AsyncWrite + Unpin, mut rx: mpsc::Receiver<Bytes>) -> io::Result<()> {
+/// share syscalls. Budget charges are released once their frames are flushed to the socket.
+async fn write_frames(
+    w: impl AsyncWrite + Unpin,
+    mut rx: mpsc::Receiver<Outgoing>,
+) -> io::Result<()> {
     let mut out = FramedWrite::new(w, codec());
-    while let Some(frame) = rx.recv().await {
+    let mut written = Vec::new();
+    while let Some((frame, charge)) = rx.recv().await {
         out.feed(frame).await?;
-        while let Ok(frame) = rx.try_recv() {
+        written.push(charge);
+        while let Ok((frame, charge)) = rx.try_recv() {
             out.feed(frame).await?;
+            written.push(charge);
         }
         SinkExt::<Bytes>::flush(&mut out).await?;
+        written.clear();
     }
     SinkExt::<Bytes>::close(&mut out).await
 }
@@ -187,7 +218,7 @@ impl Pending {
 
 struct BinaryClient {
     /// Frames to the writer task.
-    frames: mpsc::Sender<Bytes>,
+    frames: mpsc::Sender<Outgoing>,
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     open: Arc<AtomicBool>,
@@ -277,7 +308,7 @@ impl BinaryClient {
         let request = frame(id, op.code(), call.protobuf_len(), |b| {
             call.encode_protobuf_into(b)
         });
-        if self.frames.send(request).await.is_err() {
+        if self.frames.send((request, None)).await.is_err() {
             return Err(CallError::new(ErrorKind::Reset, "connection closed"));
         }
         let (method, body) = reply
@@ -334,7 +365,126 @@ mod tests {
     use super::*;
     use crate::flavour::test_support::deduct_works;
     use crate::rig::pb;
+    use proptest::prelude::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_util::codec::{Decoder, Encoder};
+
+    /// A valid byte stream: `calls` as framed requests.
+    fn stream_of(calls: &[Call]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        for (i, call) in calls.iter().enumerate() {
+            let request = frame(
+                i as u64,
+                call.operation().code(),
+                call.protobuf_len(),
+                |b| call.encode_protobuf_into(b),
+            );
+            codec().encode(request, &mut out).unwrap();
+        }
+        out.to_vec()
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        /// What a server does with a peer's bytes: split frames, parse each, answer it. The
+        /// read buffer never grows by a header's claim.
+        #[test]
+        fn fuzz_frames(bytes in crate::fuzz::hostile(
+            proptest::collection::vec(crate::fuzz::call(), 1..4).prop_map(|c| stream_of(&c))
+        )) {
+            let service = RigService::default();
+            let mut codec = codec();
+            let mut buf = BytesMut::from(&bytes[..]);
+            let capacity = buf.capacity();
+            loop {
+                match codec.decode(&mut buf) {
+                    Ok(Some(f)) => {
+                        let Ok((id, method, body)) = parse(f) else { break };
+                        let reply = futures_util::FutureExt::now_or_never(
+                            answer(&service, id, method, &body),
+                        )
+                        .expect("no downstream: never waits");
+                        prop_assert!(reply.len() >= HEADER);
+                        // The client's side of the same bytes.
+                        if let Some(op) = Operation::from_code(method & !ERROR_FLAG) {
+                            let _ = Reply::decode_protobuf(op, &body);
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+                prop_assert!(buf.capacity() <= capacity, "the decoder reserved memory");
+            }
+        }
+    }
+
+    /// A peer that sends calls and never reads the replies: its connection stops being read
+    /// once its budget is spent, while another connection is served; a call that does not fit
+    /// the process's budget is refused cleanly, and that connection goes on.
+    #[tokio::test]
+    async fn a_peer_that_never_reads_is_held_to_its_budget() {
+        const CONNECTION: usize = 4 << 20;
+        let process = Arc::new(Semaphore::new(5 << 20));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let budgets = Arc::new(Mutex::new(Vec::new()));
+        let server = {
+            let (process, budgets) = (process.clone(), budgets.clone());
+            tokio::spawn(async move {
+                let service = Arc::new(RigService::default());
+                loop {
+                    let (s, _) = listener.accept().await.unwrap();
+                    let budget = Budget::new(CONNECTION, process.clone());
+                    budgets.lock().unwrap().push(budget.clone());
+                    tokio::spawn(serve_connection_with(s, service.clone(), budget));
+                }
+            })
+        };
+        let blob = |n: usize| {
+            Call::EchoBlob(pb::Blob {
+                data: Bytes::from(vec![7u8; n]),
+            })
+        };
+        let one_mib = stream_of(&[blob(1 << 20)]);
+        let mut hostile = TcpStream::connect(addr).await.unwrap();
+        let mut sent = 0;
+        let limit = 96 << 20;
+        while sent < limit {
+            let write = hostile.write_all(&one_mib);
+            match tokio::time::timeout(std::time::Duration::from_secs(2), write).await {
+                Ok(Ok(())) => sent += one_mib.len(),
+                _ => break,
+            }
+        }
+        // Without the budget the server reads on (4096 calls in flight, 1024 replies queued);
+        // with it, what it took is the budget plus the sockets' buffers.
+        assert!(
+            sent < limit,
+            "the server read {sent} bytes from a peer that never reads"
+        );
+        let held = budgets.lock().unwrap()[0].held();
+        assert!(held > 0 && held <= CONNECTION, "held {held}");
+
+        let wire = Arc::new(WireCounters::default());
+        let client = TcpBinary.connect(&addr.to_string(), &wire).await.unwrap();
+        let small = blob(100);
+        assert!(
+            client.call(&small).await.is_ok(),
+            "another connection is served"
+        );
+        // 1.6 MiB costs 3.2: within a connection's budget, but more than the process has left
+        // while the hostile peer holds a 1 MiB call (2 MiB).
+        let big = (1 << 20) * 8 / 5;
+        assert!(process.available_permits() < budget::call_cost(big));
+        let err = client.call(&blob(big)).await.unwrap_err();
+        assert!(err.detail.contains("server busy"), "{err}");
+        assert!(
+            client.call(&small).await.is_ok(),
+            "and goes on after a refusal"
+        );
+        drop(hostile);
+        server.abort();
+    }
 
     async fn server() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         crate::flavour::test_support::server(&TcpBinary).await

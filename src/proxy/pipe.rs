@@ -35,6 +35,12 @@ use crate::toxic::{self, ConnectionFaults, DirectionFaults, Draws, Toxic};
 const READ_CHUNK: usize = 128 * 1024;
 /// Most slices handed to one vectored write.
 const MAX_IOV: usize = 64;
+/// Slicer pieces cut from one read; reads under a slicer are shortened to fit (a 1-byte slicer
+/// reads at most this many bytes at a time).
+const MAX_SLICES_PER_READ: usize = 1024;
+/// Slicer pieces queued in one direction, each a queue entry of about 50 bytes: with these two,
+/// a slicer's queue stays under half a MiB whatever its piece size.
+const MAX_QUEUED_SLICES: usize = 8 * MAX_SLICES_PER_READ;
 
 /// The two sockets of a connection and what the pipes report to.
 pub struct Ends<'a> {
@@ -237,6 +243,8 @@ async fn supervise(
 /// What the writer delivers, in order, each not before its time.
 enum Release {
     Data(Instant, Bytes),
+    /// A slicer's piece: data counted against the direction's slice budget.
+    Slice(Instant, Bytes),
     Fin(Instant),
     Reset(Instant),
     /// limit_data reached: FIN after the data before it, then close the whole connection.
@@ -246,7 +254,11 @@ enum Release {
 impl Release {
     fn at(&self) -> Instant {
         match *self {
-            Release::Data(at, _) | Release::Fin(at) | Release::Reset(at) | Release::Close(at) => at,
+            Release::Data(at, _)
+            | Release::Slice(at, _)
+            | Release::Fin(at)
+            | Release::Reset(at)
+            | Release::Close(at) => at,
         }
     }
 }
@@ -260,6 +272,8 @@ struct Direction<'a> {
     pushed: Notify,
     /// Bytes that may still be read before the writer catches up: the flow-control window.
     window: Semaphore,
+    /// Slicer pieces that may still be queued.
+    slices: Semaphore,
     /// The connection's time zero: model time is measured from it.
     epoch: Instant,
     stats: &'a DirectionStats,
@@ -287,6 +301,7 @@ impl<'a> Direction<'a> {
             queue: Mutex::new(VecDeque::new()),
             pushed: Notify::new(),
             window: Semaphore::new(window.max(READ_CHUNK)),
+            slices: Semaphore::new(MAX_QUEUED_SLICES),
             epoch,
             stats,
         }
@@ -309,7 +324,13 @@ impl<'a> Direction<'a> {
                 return;
             };
             permit.forget();
-            let read = read_stamped(src).await;
+            let most = live
+                .as_ref()
+                .and_then(|l| l.current.slicer)
+                .map_or(READ_CHUNK, |s| {
+                    (MAX_SLICES_PER_READ * s.min_piece()).min(READ_CHUNK)
+                });
+            let read = read_stamped(src, most).await;
             let (read, arrived) = match read {
                 Ok(Some((bytes, arrived))) => (Ok(Some(bytes)), arrived),
                 other => (other.map(|_| None), Instant::now()),
@@ -335,6 +356,17 @@ impl<'a> Direction<'a> {
                     let mut releases = coalesce(&segments, bytes, self.epoch);
                     if let Some(l) = &mut live {
                         releases = l.slice(releases);
+                        let pieces = releases
+                            .iter()
+                            .filter(|r| matches!(r, Release::Slice(..)))
+                            .count();
+                        // At most MAX_SLICES_PER_READ, so the writer always frees enough.
+                        if pieces > 0 {
+                            let Ok(permit) = self.slices.acquire_many(pieces as u32).await else {
+                                return;
+                            };
+                            permit.forget();
+                        }
                     }
                     if limit_reached {
                         let at = releases.last().map_or(arrived, Release::at);
@@ -367,6 +399,7 @@ impl<'a> Direction<'a> {
         mut hold: Option<watch::Receiver<Arc<ConnectionFaults>>>,
     ) {
         let mut batch: VecDeque<Bytes> = VecDeque::new();
+        let mut sliced = 0;
         loop {
             let head = self
                 .queue
@@ -404,6 +437,10 @@ impl<'a> Direction<'a> {
                 while batch.len() < MAX_IOV && queue.front().is_some_and(|r| r.at() <= now) {
                     match queue.pop_front().expect("front exists") {
                         Release::Data(_, bytes) => batch.push_back(bytes),
+                        Release::Slice(_, bytes) => {
+                            batch.push_back(bytes);
+                            sliced += 1;
+                        }
                         other => {
                             end = Some(other);
                             break;
@@ -417,6 +454,7 @@ impl<'a> Direction<'a> {
             }
             self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
             self.window.add_permits(len);
+            self.slices.add_permits(std::mem::take(&mut sliced));
             match end {
                 Some(Release::Fin(_)) => return shutdown_write(dst),
                 Some(Release::Reset(_)) => return reset_and_abort(dst, abort),
@@ -477,14 +515,22 @@ impl LiveDirection {
                 .collect();
         };
         let mut out = Vec::new();
+        let mut budget = MAX_SLICES_PER_READ;
         for r in releases {
             let Release::Data(at, mut bytes) = r else {
                 out.push(r);
                 continue;
             };
             let mut t = floor(at, self.slice_floor);
-            for piece in toxic::slice(bytes.len(), &slicer, &mut self.slicer_rng) {
-                out.push(Release::Data(t, bytes.split_to(piece)));
+            if budget == 0 {
+                // Only when the slicer came on after this read was sized: carried whole.
+                out.push(Release::Data(t, bytes));
+                continue;
+            }
+            let pieces = toxic::slice(bytes.len(), &slicer, &mut self.slicer_rng, budget);
+            budget -= pieces.len();
+            for piece in pieces {
+                out.push(Release::Slice(t, bytes.split_to(piece)));
                 self.slice_floor = Some(t);
                 t += slicer.delay;
             }
@@ -530,13 +576,13 @@ async fn read_some(src: &TcpStream) -> io::Result<Option<Bytes>> {
 
 /// Like [`read_some`], but also returns when the bytes reached the socket: the kernel's receive
 /// timestamp, so the proxy's own wake-up latency does not add to the emulated delay.
-async fn read_stamped(src: &TcpStream) -> io::Result<Option<(Bytes, Instant)>> {
+async fn read_stamped(src: &TcpStream, most: usize) -> io::Result<Option<(Bytes, Instant)>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::AsRawFd;
     loop {
         src.readable().await?;
         // recvmsg needs initialised memory; zeroing costs far less than the syscall.
-        let mut buf = BytesMut::zeroed(READ_CHUNK);
+        let mut buf = BytesMut::zeroed(most);
         let result = src.try_io(Interest::READABLE, || {
             let mut iov = [io::IoSliceMut::new(&mut buf[..])];
             let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);

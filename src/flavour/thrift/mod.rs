@@ -20,12 +20,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 
 use self::protocol::{
     app_error, ApplicationException, Envelope, MessageType, Reader, ThriftError, ThriftStruct,
     Writer,
 };
+use super::budget::{self, Budget, Frames};
 use super::{BoxFuture, CallError, Client, CountingStream, ErrorKind, Flavour, WireCounters};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
@@ -38,11 +39,8 @@ pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> i
 }
 
 /// TFramedTransport: a 4-byte big-endian length before each message.
-fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .length_field_length(4)
-        .max_frame_length(super::MAX_MESSAGE)
-        .new_codec()
+fn codec() -> Frames {
+    Frames::new(super::MAX_MESSAGE)
 }
 
 impl Flavour for Thrift {
@@ -80,9 +78,22 @@ impl Flavour for Thrift {
 async fn serve_connection(stream: TcpStream, service: Arc<RigService>) {
     let peer = stream.peer_addr().ok();
     let mut framed = Framed::new(stream, codec());
+    // One call at a time, so the connection's own budget is never spent; the process's can be.
+    let budget = Budget::default();
     while let Some(frame) = framed.next().await {
+        // Held until the reply is written.
+        let mut _charge = None;
         let answered = match frame {
-            Ok(frame) => answer(&service, frame.freeze()).await,
+            Ok(frame) => match budget.try_charge(budget::call_cost(frame.len())) {
+                Ok(charge) => {
+                    _charge = Some(charge);
+                    answer(&service, frame.freeze()).await
+                }
+                Err(refused) => {
+                    tracing::warn!(?peer, "thrift: closing connection: {refused}");
+                    return;
+                }
+            },
             // A bad length; or (Other) a frame cut off by the peer's FIN, as tokio-util says it.
             Err(e) if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::Other) => {
                 Err(ThriftError::malformed(e.to_string()))
@@ -243,7 +254,7 @@ struct ThriftClient {
 }
 
 struct Connection {
-    framed: Framed<CountingStream<TcpStream>, LengthDelimitedCodec>,
+    framed: Framed<CountingStream<TcpStream>, Frames>,
     next_seq_id: i32,
     /// Set while a call is between sending and reading its reply. Still set when the next call
     /// takes the lock means the last one was abandoned (timed out) and its reply may still
@@ -352,7 +363,50 @@ mod tests {
     use super::*;
     use crate::flavour::test_support;
     use crate::rig::pb;
+    use proptest::prelude::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A valid call message (`oneway` as often as not) for `call`.
+    fn call_message(call: &Call, seq_id: i32, oneway: bool) -> Vec<u8> {
+        let envelope = Envelope {
+            kind: if oneway {
+                MessageType::Oneway
+            } else {
+                MessageType::Call
+            },
+            name: call.operation().name().into(),
+            seq_id,
+        };
+        message(&envelope, |w| write_arguments(w, call)).to_vec()
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        /// A server's answer to a peer's frame, and a client's reading of the same bytes as a
+        /// reply: a value or a clean error.
+        #[test]
+        fn fuzz_messages(
+            frame in crate::fuzz::hostile(
+                (crate::fuzz::call(), any::<i32>(), any::<bool>())
+                    .prop_map(|(c, seq, oneway)| call_message(&c, seq, oneway))
+            ),
+            op in crate::fuzz::operation(),
+        ) {
+            let service = RigService::default();
+            let answered = futures_util::FutureExt::now_or_never(
+                answer(&service, Bytes::from(frame.clone())),
+            )
+            .expect("no downstream: never waits");
+            if let Ok(Some(reply)) = answered {
+                prop_assert!(Reader::new(reply).envelope().is_ok());
+            }
+            let mut r = Reader::new(Bytes::from(frame));
+            if r.envelope().is_ok() {
+                let _ = read_result(op, &mut r).and_then(|reply| expect_end(&r).map(|()| reply));
+            }
+        }
+    }
 
     async fn server() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         test_support::server(&Thrift).await

@@ -32,6 +32,23 @@ const VERSION_MASK: u32 = 0xffff_0000;
 /// Structs nested deeper than this are refused rather than followed (a stack guard).
 const MAX_DEPTH: u32 = 64;
 
+/// Bytes a list may reserve before its elements arrive.
+const PREALLOCATE: usize = 64 << 10;
+
+/// The fewest bytes a value of type `ttype` takes on the wire (1 for an unknown tag, which
+/// fails when read).
+fn min_encoded_size(ttype: u8) -> usize {
+    match ttype {
+        I16 => 2,
+        I32 | STRING => 4,
+        I64 | DOUBLE => 8,
+        MAP => 6,
+        SET | LIST => 5,
+        UUID => 16,
+        _ => 1,
+    }
+}
+
 /// What a message is (`TMessageType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MessageType {
@@ -394,7 +411,10 @@ impl Reader {
                 "list of type {found} where type {elem} was expected"
             ));
         }
-        let mut items = Vec::with_capacity(len);
+        // The count is only a claim: what is reserved up front is capped by bytes, and further
+        // room is paid for by elements actually decoded (a String is 24 bytes in memory for
+        // its 4 on the wire).
+        let mut items = Vec::with_capacity(len.min(PREALLOCATE / std::mem::size_of::<T>().max(1)));
         for _ in 0..len {
             items.push(read(self)?);
         }
@@ -402,12 +422,13 @@ impl Reader {
     }
 
     /// Element type and count of a list or set. The count is checked against the bytes left
-    /// (every element takes at least one), so a lying count cannot allocate.
+    /// (every element takes at least its type's smallest encoding), so a lying count is an
+    /// error before anything is read.
     fn collection_header(&mut self, what: &str) -> Result<(u8, usize), ThriftError> {
         self.need(1, what)?;
         let elem = self.buf.get_u8();
         let len = self.length(what)?;
-        if len > self.buf.len() {
+        if len.saturating_mul(min_encoded_size(elem)) > self.buf.len() {
             return err(format!(
                 "{what} of {len} elements in {} bytes",
                 self.buf.len()
@@ -489,6 +510,51 @@ impl IntoField<u32> for i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A list of strings as it travels: element type, count, then each string.
+    fn string_list(items: &[String]) -> Vec<u8> {
+        let mut out = vec![STRING];
+        out.extend_from_slice(&(items.len() as u32).to_be_bytes());
+        for s in items {
+            out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        /// Lists whose counts lie: what is reserved is bounded by bytes, not by the claim.
+        #[test]
+        fn fuzz_string_lists(bytes in crate::fuzz::hostile(
+            proptest::collection::vec("[a-z]{0,3}", 0..40).prop_map(|v| string_list(&v))
+        )) {
+            let len = bytes.len();
+            let mut r = Reader::new(Bytes::from(bytes));
+            if let Ok(items) = r.list_of(STRING, |r| r.string()) {
+                let most = (2 * items.len()).max(PREALLOCATE / std::mem::size_of::<String>());
+                prop_assert!(items.capacity() <= most, "{} for {len} bytes", items.capacity());
+            }
+        }
+    }
+
+    /// A count that the bytes left cannot hold (4 bytes per string at least) is an error
+    /// before anything is reserved; before, 2²⁰ empty strings claimed in 1 MiB reserved 24 MiB.
+    #[test]
+    fn a_lying_list_count_is_refused() {
+        let mut bytes = string_list(&[]);
+        bytes[1..5].copy_from_slice(&(1u32 << 20).to_be_bytes());
+        bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+        let err = Reader::new(Bytes::from(bytes))
+            .list_of(STRING, |r| r.string())
+            .unwrap_err();
+        assert!(
+            err.malformed && err.message.contains("list of 1048576"),
+            "{err}"
+        );
+    }
 
     fn encode(v: &impl ThriftStruct) -> Bytes {
         let mut buf = BytesMut::new();
