@@ -1,7 +1,9 @@
 """Helpers for scripts/bench-link.sh, run on both sides of a link.
 
   bench_link.py serve PORT              UDP echo and TCP sink on 0.0.0.0:PORT (until killed)
-  bench_link.py ping HOST PORT N        N sequential UDP round trips: prints the median in µs
+  bench_link.py ping HOST PORT N [HOLD_US]
+                                        N sequential UDP round trips: prints the median in µs;
+                                        the echo holds each reply HOLD_US first (default 0)
   bench_link.py bulk HOST PORT SECONDS  one TCP flow to the sink: prints Mbit/s
 """
 import socket
@@ -18,6 +20,13 @@ def serve(port):
     def echo():
         while True:
             data, peer = udp.recvfrom(2048)
+            got = time.perf_counter_ns()
+            hold = int(data.split(b":")[1]) if b":" in data else 0
+            if hold:
+                # Sleep most of the hold, spin the rest: the reply leaves within a few µs of it.
+                time.sleep(max(0, hold - 1000) / 1e6)
+                while time.perf_counter_ns() - got < hold * 1000:
+                    pass
             udp.sendto(data, peer)
 
     threading.Thread(target=echo, daemon=True).start()
@@ -36,12 +45,12 @@ def serve(port):
         threading.Thread(target=sink, args=(conn,), daemon=True).start()
 
 
-def ping(host, port, n):
+def ping(host, port, n, hold_us=0):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(1)
     rtts = []
     for i in range(n):
-        tag = b"%d" % i
+        tag = b"%d:%d" % (i, hold_us)
         t = time.perf_counter_ns()
         s.sendto(tag, (host, port))
         try:
@@ -70,6 +79,6 @@ cmd = sys.argv[1]
 if cmd == "serve":
     serve(int(sys.argv[2]))
 elif cmd == "ping":
-    ping(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    ping(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0)
 elif cmd == "bulk":
     bulk(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))

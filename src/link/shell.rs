@@ -95,14 +95,21 @@ fn exit_code(status: ExitStatus) -> i32 {
 fn summarise(stats: &LinkStats, profile: &Profile) {
     use std::sync::atomic::Ordering::Relaxed;
     let side = |c: &super::engine::DirectionCounters| {
+        // How late the engine handed packets over, past their time (read + delay + jitter):
+        // the precise timer's error, without the wake-up that read the packet.
+        let late = c.lateness();
+        let us = |q: f64| late.value_at_quantile(q) as f64 / 1e3;
         format!(
-            "{} packets, {} lost, {} queue drops, {} duplicated, {} corrupted, {} reordered",
+            "{} packets, {} lost, {} queue drops, {} duplicated, {} corrupted, {} reordered, \
+             released late p50 {:.0} us p99 {:.0} us",
             c.packets.load(Relaxed),
             c.dropped_loss.load(Relaxed),
             c.dropped_queue.load(Relaxed),
             c.duplicated.load(Relaxed),
             c.corrupted.load(Relaxed),
             c.reordered.load(Relaxed),
+            us(0.5),
+            us(0.99),
         )
     };
     eprintln!(
