@@ -151,6 +151,11 @@ pub enum LossProcess {
         r: f64,
         h: f64,
         k: f64,
+        /// `None`: the state takes one step per packet, as netem's does. `Some(d)`: one step
+        /// per `d` of time whatever the traffic, so a burst is a stretch of time: a
+        /// retransmission an RTO later meets a fresh state, not the burst that lost the
+        /// original (see [`crate::fault::LossState`]).
+        step: Option<Duration>,
     },
 }
 
@@ -160,7 +165,7 @@ impl LossProcess {
         match *self {
             LossProcess::None => 0.0,
             LossProcess::Bernoulli { p } => p,
-            LossProcess::GilbertElliott { p, r, h, k } => {
+            LossProcess::GilbertElliott { p, r, h, k, .. } => {
                 if p + r == 0.0 {
                     1.0 - k
                 } else {
@@ -498,6 +503,7 @@ impl RawLink {
                 r: b.r.0,
                 h: b.h.map_or(0.0, |x| x.0),
                 k: b.k.map_or(1.0, |x| x.0),
+                step: b.step.map(|d| d.0),
             };
         }
         if let Some(r) = self.rate {
@@ -535,6 +541,7 @@ struct RawBurst {
     r: Probability,
     h: Option<Probability>,
     k: Option<Probability>,
+    step: Option<Step>,
 }
 
 #[derive(Deserialize)]
@@ -561,6 +568,23 @@ impl<'de> Deserialize<'de> for Dur {
             })
             .map(Dur)
             .map_err(D::Error::custom)
+    }
+}
+
+/// A Gilbert–Elliott time step: a duration of at least a microsecond (a finer step is a
+/// per-packet chain in all but name, and a zero one would never end).
+struct Step(Duration);
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let Dur(step) = Dur::deserialize(d)?;
+        if step < Duration::from_micros(1) {
+            return Err(D::Error::custom(
+                "a burst step must be at least \"1us\" (leave it out for one step per packet)",
+            ));
+        }
+        Ok(Step(step))
     }
 }
 
@@ -686,9 +710,12 @@ impl fmt::Display for Profile {
         ] {
             writeln!(f, "\n[{table}]")?;
             write!(f, "{link}")?;
-            if let LossProcess::GilbertElliott { p, r, h, k } = link.loss {
+            if let LossProcess::GilbertElliott { p, r, h, k, step } = link.loss {
                 writeln!(f, "\n[{table}.burst]")?;
                 writeln!(f, "p = {p:?}\nr = {r:?}\nh = {h:?}\nk = {k:?}")?;
+                if let Some(step) = step {
+                    writeln!(f, "step = \"{}\"", format_duration(step))?;
+                }
             }
         }
         writeln!(f, "\n[connect]")?;
@@ -749,7 +776,8 @@ mod tests {
                 p: 0.1,
                 r: 0.5,
                 h: 0.0,
-                k: 1.0
+                k: 1.0,
+                step: None,
             }
         );
     }

@@ -235,6 +235,7 @@ fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiErro
                     r,
                     h: probability(a, "h")?.unwrap_or(0.0),
                     k: probability(a, "k")?.unwrap_or(1.0),
+                    step: None,
                 },
                 (None, None) => match rate(a)? {
                     Some(p) => LossProcess::Bernoulli { p },

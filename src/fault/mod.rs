@@ -106,8 +106,8 @@ struct Path {
     ack_delay: Duration,
     /// This direction's own stream: draws never depend on the other direction's traffic.
     rng: ChaCha8Rng,
-    /// Gilbert–Elliott state (false = good).
-    bad_state: bool,
+    /// Gilbert–Elliott state.
+    loss_state: LossState,
     /// The bottleneck and the wire.
     wire: Wire,
 }
@@ -118,14 +118,15 @@ impl Path {
             params: params.clone(),
             ack_delay: ack_delay(params, timing),
             rng,
-            bad_state: false,
+            loss_state: LossState::default(),
             wire: Wire::default(),
         }
     }
 
-    /// One draw of the loss process (advancing Gilbert–Elliott's state).
-    fn draw_loss(&mut self) -> bool {
-        draw_loss(&self.params.loss, &mut self.bad_state, &mut self.rng)
+    /// One draw of the loss process for a packet sent at `at` (advancing Gilbert–Elliott's
+    /// state).
+    fn draw_loss(&mut self, at: Duration) -> bool {
+        draw_loss(&self.params.loss, &mut self.loss_state, &mut self.rng, at)
     }
 }
 
@@ -141,7 +142,7 @@ impl tcp::Network for Path {
         // The draws come first and are the same whatever happens to the segment, so a seed
         // loses the same segment ordinals whatever the rate and queue did.
         let delay = jittered(&self.params, self.params.delay, &mut self.rng);
-        let lost = self.draw_loss() && may_lose;
+        let lost = self.draw_loss(at) && may_lose;
         let serialised = self
             .wire
             .serialise(&self.params, at, len + SEGMENT_OVERHEAD, may_lose)?;
@@ -290,7 +291,9 @@ impl LinkModel {
         }
         let mut stall = Duration::ZERO;
         let mut losses = 0;
-        while losses < MAX_SYN_RETRIES && self.path.draw_loss() {
+        // Each SYN (or SYN-ACK) is drawn at the time it is sent: the first at zero, each
+        // retransmission when the timers before it have fired.
+        while losses < MAX_SYN_RETRIES && self.path.draw_loss(stall) {
             // Linux's tcp_retransmit_timer: in SYN-SENT, the first tcp_syn_linear_timeouts + 1
             // timers keep the initial RTO (1, 1, 1, 1, 1, 2, 4 s); the passive side's SYN-ACK
             // timer always doubles.
@@ -415,18 +418,68 @@ pub(crate) fn jittered(params: &LinkParams, t: Duration, rng: &mut ChaCha8Rng) -
     }
 }
 
-/// One draw of a loss process; `bad_state` is Gilbert–Elliott's state (false = good), advanced
-/// by the draw. Shared with the packet engine, so a profile's loss means the same on both.
-pub(crate) fn draw_loss(loss: &LossProcess, bad_state: &mut bool, rng: &mut ChaCha8Rng) -> bool {
+/// Gilbert–Elliott's state of one direction: it starts good at time zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossState {
+    bad: bool,
+    /// With a time step: the time the state was last advanced to (a whole number of steps).
+    at: Duration,
+}
+
+/// One draw of a loss process for a packet sent at `now`, advancing Gilbert–Elliott's state.
+/// Shared with the packet engine, so a profile's loss means the same on both.
+///
+/// Per packet (netem's gemodel), the packet meets the current state, which then takes one step.
+/// With a time `step`, the state first takes the steps that elapsed since the last packet, in
+/// one draw from the n-step transition of the two-state chain: with λ = 1 − p − r and
+/// π = p / (p + r) the stationary share of bad steps, P(bad after n | bad) = π + (1 − π)·λⁿ and
+/// P(bad after n | good) = π·(1 − λⁿ). Packets within one step share its state.
+pub(crate) fn draw_loss(
+    loss: &LossProcess,
+    state: &mut LossState,
+    rng: &mut ChaCha8Rng,
+    now: Duration,
+) -> bool {
     match *loss {
         LossProcess::None => false,
         LossProcess::Bernoulli { p } => rng.random::<f64>() < p,
-        LossProcess::GilbertElliott { p, r, h, k } => {
-            let delivered = if *bad_state { h } else { k };
+        LossProcess::GilbertElliott {
+            p,
+            r,
+            h,
+            k,
+            step: None,
+        } => {
+            let delivered = if state.bad { h } else { k };
             let lost = rng.random::<f64>() >= delivered;
             let flip = rng.random::<f64>();
-            *bad_state = if *bad_state { flip >= r } else { flip < p };
+            state.bad = if state.bad { flip >= r } else { flip < p };
             lost
+        }
+        LossProcess::GilbertElliott {
+            p,
+            r,
+            h,
+            k,
+            step: Some(step),
+        } => {
+            // Same number of draws for every packet, whatever the elapsed time.
+            let flip = rng.random::<f64>();
+            let steps = now.saturating_sub(state.at).as_nanos() / step.as_nanos().max(1);
+            if steps > 0 && p + r > 0.0 {
+                let decay = (1.0 - p - r).powf(steps as f64);
+                let stationary = p / (p + r);
+                let bad = if state.bad {
+                    stationary + (1.0 - stationary) * decay
+                } else {
+                    stationary * (1.0 - decay)
+                };
+                state.bad = flip < bad;
+            }
+            // Whole steps only, so the remainder counts towards the next one.
+            state.at += step.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
+            let delivered = if state.bad { h } else { k };
+            rng.random::<f64>() >= delivered
         }
     }
 }
@@ -734,7 +787,7 @@ mod tests {
         let p = profile("[link.burst]\np = 0.02\nr = 0.25\n");
         let mut m = ConnectionModel::new(&p, 8, "ge", 0).upstream;
         let n = 400_000;
-        let draws: Vec<bool> = (0..n).map(|_| m.path.draw_loss()).collect();
+        let draws: Vec<bool> = (0..n).map(|_| m.path.draw_loss(Duration::ZERO)).collect();
         let lost = draws.iter().filter(|&&l| l).count();
         let expected = p.upstream.loss.mean_loss();
         assert!((expected - 0.02 / 0.27).abs() < 1e-12);
@@ -750,6 +803,56 @@ mod tests {
             (mean_burst - 4.0).abs() < 0.4,
             "mean burst {mean_burst}, expected 1/r = 4"
         );
+    }
+
+    #[test]
+    fn gilbert_elliott_with_a_time_step_forgets_its_burst_over_time() {
+        // p = 0.01, r = 0.3, a 1 ms step, everything lost in the bad state. Packets 1 ms apart
+        // see the per-step chain: mean loss π = 0.01 / 0.31 and bursts of 1/r packets. Packets
+        // 200 ms apart are nearly independent: after a loss, the next is lost with probability
+        // π + (1 − π)·0.69^200 ≈ π. Packets sent together share one state.
+        let p = profile("[link.burst]\np = 0.01\nr = 0.3\nstep = \"1ms\"\n");
+        let loss = p.upstream.loss;
+        let stationary = 0.01 / 0.31;
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let n = 400_000u32;
+        let mut state = LossState::default();
+        let close: Vec<bool> = (0..n)
+            .map(|i| draw_loss(&loss, &mut state, &mut rng, MS * i))
+            .collect();
+        let lost = close.iter().filter(|&&l| l).count() as f64;
+        assert!(
+            (lost / f64::from(n) - stationary).abs() < 0.1 * stationary,
+            "{}",
+            lost / f64::from(n)
+        );
+        let bursts = close.windows(2).filter(|w| !w[0] && w[1]).count() as f64;
+        assert!(
+            (lost / bursts - 1.0 / 0.3).abs() < 0.4,
+            "burst {}",
+            lost / bursts
+        );
+
+        let mut state = LossState::default();
+        let far: Vec<bool> = (0..n)
+            .map(|i| draw_loss(&loss, &mut state, &mut rng, 200 * MS * i))
+            .collect();
+        let after_loss = far.windows(2).filter(|w| w[0]).count() as f64;
+        let again = far.windows(2).filter(|w| w[0] && w[1]).count() as f64;
+        assert!(
+            (again / after_loss - stationary).abs() < 0.3 * stationary,
+            "P(lost | lost before) = {}",
+            again / after_loss
+        );
+
+        let mut state = LossState::default();
+        for burst in 0..2000u32 {
+            let t = 50 * MS * burst + Duration::from_micros(100);
+            let first = draw_loss(&loss, &mut state, &mut rng, t);
+            for _ in 0..5 {
+                assert_eq!(draw_loss(&loss, &mut state, &mut rng, t), first);
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::fault::wire::Wire;
-use crate::fault::{draw_loss, jittered};
+use crate::fault::{draw_loss, jittered, LossState};
 use crate::profile::LinkParams;
 
 /// Why the engine dropped a packet.
@@ -66,8 +66,8 @@ pub struct Streams {
 pub struct PacketImpairment {
     params: LinkParams,
     streams: Streams,
-    /// Gilbert–Elliott state (false = good).
-    bad_state: bool,
+    /// Gilbert–Elliott state.
+    loss_state: LossState,
     /// The bottleneck queue and the in-order wire.
     wire: Wire,
 }
@@ -77,7 +77,7 @@ impl PacketImpairment {
         PacketImpairment {
             params: params.clone(),
             streams,
-            bad_state: false,
+            loss_state: LossState::default(),
             wire: Wire::default(),
         }
     }
@@ -87,8 +87,9 @@ impl PacketImpairment {
         // Draws first, the same number for every packet.
         let lost = draw_loss(
             &self.params.loss,
-            &mut self.bad_state,
+            &mut self.loss_state,
             &mut self.streams.loss,
+            now,
         );
         let faults = &mut self.streams.faults;
         let reordered = faults.random::<f64>() < self.params.reorder;
@@ -223,6 +224,7 @@ mod tests {
             r: 0.3,
             h: 0.0,
             k: 1.0,
+            step: None,
         }
         .mean_loss();
         assert!((rate - expect).abs() < 0.1 * expect, "{rate} vs {expect}");
