@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::http_json::{self, CallerDriven};
@@ -21,13 +21,17 @@ pub const STREAM_WINDOW: u32 = 4 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
-/// room for every call a load generator keeps in flight.
+/// room for every call a load generator keeps in flight; dead peers are found by PING
+/// ([`crate::net::H2_KEEP_ALIVE_INTERVAL`]).
 pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_concurrent_streams(10_000);
+        .max_concurrent_streams(10_000)
+        .timer(TokioTimer::new())
+        .keep_alive_interval(crate::net::H2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(crate::net::H2_KEEP_ALIVE_TIMEOUT);
     builder
 }
 

@@ -286,11 +286,10 @@ fn serve_takes_its_listener_on_stdin_and_bench_its_socket_options() {
     );
 
     // Standard input that is not a listening socket: one message, exit 2.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"))
-        .args(["serve", "--flavour", "grpc", "--listen-stdin"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"));
+    command.args(["serve", "--flavour", "grpc", "--listen-stdin"]);
+    // (output_within gives it /dev/null as standard input.)
+    let o = output_within(command, COMMAND_DEADLINE);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(stderr(&o).contains("--listen-stdin"), "{}", stderr(&o));
 }
@@ -328,6 +327,20 @@ fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
             "--target",
         ),
         (bench(&["--calls", "0"]), "--calls"),
+        (
+            vec!["serve", "--flavour", "grpc", "--max-connections", "0"],
+            "--max-connections",
+        ),
+        (
+            vec![
+                "proxy",
+                "--upstream",
+                "127.0.0.1:1",
+                "--max-connections",
+                "x",
+            ],
+            "--max-connections",
+        ),
         (bench(&["--calls", "1000000000001"]), "--calls"),
         (bench(&[]), "--calls"),
         (bench(&["--calls", "1", "--mode", "pool:0"]), "--mode"),
@@ -468,12 +481,12 @@ fn bench_load_script_leaves_no_server_behind() {
         stubs.path().display(),
         std::env::var("PATH").unwrap()
     );
-    let o = std::process::Command::new(script)
+    let mut command = std::process::Command::new(script);
+    command
         .args(["1", "--bin", env!("CARGO_BIN_EXE_faultrig")])
         .env("PATH", path)
-        .env(key, value)
-        .output()
-        .unwrap();
+        .env(key, value);
+    let o = output_within(command, COMMAND_DEADLINE);
     let stdout = succeeded(&o);
     assert!(stdout.contains("tcp-binary, one connection"), "{stdout}");
     let marked: Vec<String> = std::fs::read_dir("/proc")
