@@ -265,3 +265,40 @@ where
     tasks.wait().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first event is logged at once; the rest of the second's are held and logged as one
+    /// count when the second is up; a quiet throttle has nothing to log.
+    #[test]
+    fn a_throttle_logs_once_a_second_with_the_count() {
+        let t0 = Instant::now();
+        let mut t = Throttle::new();
+        assert_eq!(t.due(t0), None);
+        assert_eq!(t.next_due(), None);
+        assert_eq!(t.hit(t0), Some(1));
+        for i in 1..=500u32 {
+            assert_eq!(t.hit(t0 + Duration::from_micros(i.into())), None);
+        }
+        assert_eq!(t.next_due(), Some(t0 + Throttle::EVERY));
+        assert_eq!(t.due(t0 + Throttle::EVERY / 2), None);
+        assert_eq!(t.due(t0 + Throttle::EVERY), Some(500));
+        assert_eq!(t.due(t0 + Throttle::EVERY * 3), None);
+        assert_eq!(t.hit(t0 + Throttle::EVERY * 3), Some(1));
+    }
+
+    /// The default cap fits the descriptor limit; a cap given is used as is.
+    #[test]
+    fn the_default_cap_fits_the_descriptor_limit() {
+        use nix::sys::resource::{getrlimit, Resource};
+        let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        for fds in [1, 2, 4] {
+            let cap = connection_cap(None, fds) as u64;
+            assert!(cap <= DEFAULT_MAX_CONNECTIONS as u64);
+            assert!(cap * fds as u64 + FD_MARGIN <= soft.max(FD_MARGIN + fds as u64));
+        }
+        assert_eq!(connection_cap(Some(1_000_000), 2), 1_000_000);
+    }
+}
