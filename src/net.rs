@@ -62,6 +62,25 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// TCP keep-alive on every accepted connection: a peer silent this long is probed every
+/// [`KEEPALIVE_INTERVAL`], and after [`KEEPALIVE_PROBES`] unanswered probes the connection
+/// fails. So a peer that vanished without a FIN or RST (a crashed host, a dropped route) stops
+/// holding a connection slot after about a minute and a half, whatever the protocol (tcp-binary
+/// and Thrift have no PING of their own; a proxied connection may be quiet on purpose). The
+/// probes carry no data: a live peer's kernel answers them, so nothing measured changes.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+fn keep_alive(stream: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    // Best effort: a connection without it is still served.
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&probes);
+}
+
 /// The most connections a loop may hold: `requested` as given, or by default
 /// [`DEFAULT_MAX_CONNECTIONS`] but no more than the soft `RLIMIT_NOFILE` leaves room for at
 /// `fds_per_connection` each (a proxy holds two). Refusing at the cap is cheap and prompt;
@@ -222,6 +241,7 @@ where
         match accepted {
             Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
                 Ok(slot) => {
+                    keep_alive(&stream);
                     let connection = handle(stream, peer, cancel.child_token());
                     tasks.spawn(async move {
                         connection.await;
@@ -300,5 +320,44 @@ mod tests {
             assert!(cap * fds as u64 + FD_MARGIN <= soft.max(FD_MARGIN + fds as u64));
         }
         assert_eq!(connection_cap(Some(1_000_000), 2), 1_000_000);
+    }
+
+    /// Accepted connections get TCP keep-alive with our timings; connections over the cap are
+    /// reset at once while the held one stays served.
+    #[tokio::test]
+    async fn accepted_connections_keep_alive_and_the_cap_resets_the_rest() {
+        use tokio::io::AsyncReadExt;
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(accept_until(
+            listener,
+            stopped,
+            "test",
+            1,
+            move |s, _, c| {
+                let sock = socket2::SockRef::from(&s);
+                let _ = tx.send((
+                    sock.keepalive().unwrap(),
+                    sock.tcp_keepalive_time().unwrap(),
+                ));
+                async move {
+                    c.cancelled().await;
+                    drop(s);
+                }
+            },
+        ));
+        let _held = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(rx.recv().await, Some((true, KEEPALIVE_IDLE)));
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), refused.read(&mut byte));
+        match read.await.expect("refused promptly") {
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+            Ok(n) => panic!("read {n} bytes instead of a reset"),
+        }
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
     }
 }
