@@ -164,6 +164,10 @@ pub struct ServeArgs {
     /// DECRBY per call).
     #[arg(long, value_parser = Downstream::parse, default_value = "none")]
     pub downstream: Downstream,
+    /// Most connections at once; more are accepted and reset. Default 65536, lowered to what
+    /// the file-descriptor limit leaves room for; a value given here is used as is.
+    #[arg(long, value_parser = parse_max_connections)]
+    pub max_connections: Option<usize>,
     /// Exit when this process (the runner that started the server) dies.
     #[arg(long, hide = true)]
     pub parent: Option<u32>,
@@ -263,6 +267,11 @@ pub struct ProxyArgs {
     /// Name of this proxy in logs; also keys its fault RNG streams.
     #[arg(long, default_value = "proxy")]
     pub name: String,
+    /// Most client connections at once (per proxy, with --api); more are accepted and reset.
+    /// Default 65536, lowered to what the file-descriptor limit leaves room for (two each); a
+    /// value given here is used as is.
+    #[arg(long, value_parser = parse_max_connections)]
+    pub max_connections: Option<usize>,
     /// How the network is emulated: `model` (the fault model: deterministic, unprivileged) or
     /// `kernel` (each connection crosses real kernel TCP over the link engine; needs
     /// CAP_NET_ADMIN).
@@ -467,6 +476,16 @@ fn parse_window(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A connection cap: 1 to 10,000,000 (more than any descriptor limit allows).
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "\"{s}\" is not a connection count from 1 to 10000000"
+        )),
+    }
+}
+
 /// What went wrong, and so which exit code to use.
 #[derive(Debug)]
 pub enum CliError {
@@ -612,6 +631,7 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
         seed: args.seed,
         window: args.window,
         connect_timeout: args.connect_timeout,
+        max_connections: args.max_connections,
     };
     let rt = runtime()?;
     let upstream = args
@@ -679,6 +699,7 @@ fn control_api(args: ProxyArgs) -> Result<(), CliError> {
         seed: args.seed,
         window: args.window,
         connect_timeout: args.connect_timeout,
+        max_connections: args.max_connections,
     }));
     let addr = args.api.expect("called with --api");
     runtime()?.block_on(async move {
@@ -999,6 +1020,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             service,
             shutdown_signal(),
             args.nodelay,
+            args.max_connections,
         )
         .await
         .map_err(|e| CliError::Failed(e.into()))

@@ -26,14 +26,12 @@ fn main() {
 }
 
 /// A proxy holds two sockets per connection; the default soft limit (1024) would cap it near
-/// 500 connections. Raise the soft limit to the hard one, and the hard one too where we may.
+/// 500 connections. Raise the soft limit to the hard one, but never the hard one: that is the
+/// operator's (`ulimit -n`), and the connection caps are sized from it.
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    const WANT: u64 = 1 << 18;
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if setrlimit(Resource::RLIMIT_NOFILE, WANT.max(soft), WANT.max(hard)).is_err()
-            && soft < hard
-        {
+        if soft < hard {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }

@@ -3,9 +3,12 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -38,13 +41,179 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(BACKLOG)
 }
 
+/// Connections one accept loop holds at once unless told otherwise (`--max-connections`), and
+/// never more than its file-descriptor limit leaves room for ([`connection_cap`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 65_536;
+
+/// Descriptors kept out of the connection budget: the runtime's own (epoll, eventfds, the
+/// timer), standard streams, a downstream Redis connection, the reserve of [`accept_until`].
+const FD_MARGIN: u64 = 64;
+
+/// How long an HTTP/1.1 server waits for a request's headers, counted from when it starts
+/// waiting for them: on a new connection and after each response. So it is also the idle limit
+/// of a kept-alive connection, and what frees a slowloris client's connection. A header crosses
+/// even a lossy profile in a few round trips; 10 s leaves room for several RTO back-offs.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/2 servers PING a connection that has been silent this long, and close it if the PING is
+/// not answered within [`H2_KEEP_ALIVE_TIMEOUT`]: a peer that vanished (no FIN, no RST) stops
+/// holding a connection slot. A live but idle client answers PINGs and keeps its connection, as
+/// gRPC channels expect.
+pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// TCP keep-alive on every accepted connection: a peer silent this long is probed every
+/// [`KEEPALIVE_INTERVAL`], and after [`KEEPALIVE_PROBES`] unanswered probes the connection
+/// fails. So a peer that vanished without a FIN or RST (a crashed host, a dropped route) stops
+/// holding a connection slot after about a minute and a half, whatever the protocol (tcp-binary
+/// and Thrift have no PING of their own; a proxied connection may be quiet on purpose). The
+/// probes carry no data: a live peer's kernel answers them, so nothing measured changes.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+fn keep_alive(stream: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    // Best effort: a connection without it is still served.
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&probes);
+}
+
+/// The most connections a loop may hold: `requested` as given, or by default
+/// [`DEFAULT_MAX_CONNECTIONS`] but no more than the soft `RLIMIT_NOFILE` leaves room for at
+/// `fds_per_connection` each (a proxy holds two). Refusing at the cap is cheap and prompt;
+/// running out of descriptors would also fail work for connections already held (a proxy's
+/// upstream connect). A cap set above that room is honoured: past the descriptors,
+/// [`accept_until`] still refuses what it cannot hold, only less cheaply.
+pub fn connection_cap(requested: Option<usize>, fds_per_connection: usize) -> usize {
+    use nix::sys::resource::{getrlimit, Resource};
+    if let Some(n) = requested {
+        return n.max(1);
+    }
+    let room = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => soft.saturating_sub(FD_MARGIN) / fds_per_connection.max(1) as u64,
+        Err(_) => u64::MAX,
+    };
+    let room = usize::try_from(room).unwrap_or(usize::MAX);
+    DEFAULT_MAX_CONNECTIONS.min(room).max(1)
+}
+
+/// Counts one kind of event and says when to log it: the first at once, then at most one line
+/// per [`Throttle::EVERY`] carrying the count of those held back, so a flood of refusals costs
+/// a line a second rather than a line each.
+#[derive(Debug)]
+pub struct Throttle {
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle::new()
+    }
+}
+
+impl Throttle {
+    /// The shortest gap between two lines.
+    pub const EVERY: Duration = Duration::from_secs(1);
+
+    pub const fn new() -> Throttle {
+        Throttle {
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// Counts one event at `now`; `Some(n)` when a line is due, for `n` events (this one and
+    /// those held back since the last line).
+    pub fn hit(&mut self, now: Instant) -> Option<u64> {
+        self.held += 1;
+        self.due(now)
+    }
+
+    /// `Some(n)` when events are held back and a line is due for them.
+    pub fn due(&mut self, now: Instant) -> Option<u64> {
+        if self.held == 0 || self.last.is_some_and(|l| now < l + Self::EVERY) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+
+    /// When held-back events will be due, if any are held.
+    pub fn next_due(&self) -> Option<Instant> {
+        match (self.held, self.last) {
+            (0, _) => None,
+            (_, last) => Some(last.map_or_else(Instant::now, |l| l + Self::EVERY)),
+        }
+    }
+}
+
+/// Why an accept loop turned connections away, one throttled log line per kind.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// Accepted and reset at once: the loop already holds its cap.
+    over_cap: Throttle,
+    /// Accepted with the reserve descriptor and reset: the process is out of descriptors.
+    no_fds: Throttle,
+    /// `accept` itself failed for another reason.
+    failed: Throttle,
+    last_error: String,
+}
+
+impl Refusals {
+    fn log(&mut self, label: &str, cap: usize, now: Instant) {
+        if let Some(n) = self.over_cap.due(now) {
+            tracing::warn!("{label}: refused {n} connection(s): at the cap of {cap} connections");
+        }
+        if let Some(n) = self.no_fds.due(now) {
+            tracing::warn!("{label}: refused {n} connection(s): out of file descriptors");
+        }
+        if let Some(n) = self.failed.due(now) {
+            tracing::warn!("{label}: accept failed {n} time(s): {}", self.last_error);
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        [&self.over_cap, &self.no_fds, &self.failed]
+            .iter()
+            .filter_map(|t| t.next_due())
+            .min()
+    }
+}
+
+/// Closes a connection with a reset: the peer learns at once that it was refused, and no
+/// TIME_WAIT is left behind on our side.
+fn refuse(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+}
+
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(nix::errno::Errno::from_raw),
+        Some(nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE)
+    )
+}
+
 /// Accepts connections until `shutdown` completes, running `handle(stream, peer, cancel)` for
 /// each as its own task; then cancels every connection's token and waits for their tasks. Every
 /// server in faultrig (proxies and RPC servers) accepts through here.
+///
+/// At most `max_connections` run at once. Past the cap a connection is accepted and reset at
+/// once rather than left in the accept queue: a queued client would wait, believing itself
+/// connected, until its own timeout, and the queue (thousands deep) would hand the loop stale
+/// connections long after their clients gave up. A reset costs a peer one round trip to learn,
+/// and us no more work than the peer spent opening it. Out of descriptors, the loop frees a
+/// reserve descriptor to accept and reset the connection it cannot hold (instead of leaving it
+/// to make `accept` fail again and again), then takes the reserve back. Refusals and failures
+/// are logged at most once a second per kind, with their count.
 pub async fn accept_until<F, Fut>(
     listener: TcpListener,
     shutdown: impl Future,
     label: &str,
+    max_connections: usize,
     mut handle: F,
 ) -> io::Result<()>
 where
@@ -53,26 +222,142 @@ where
 {
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut reserve = std::fs::File::open("/dev/null").ok();
+    let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
     loop {
+        let flush_at = refusals.next_due();
         let accepted = tokio::select! {
             _ = &mut shutdown => break,
+            _ = tokio::time::sleep_until(flush_at.unwrap_or_else(Instant::now).into()),
+                if flush_at.is_some() =>
+            {
+                refusals.log(label, max_connections, Instant::now());
+                continue;
+            }
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                tasks.spawn(handle(stream, peer, cancel.child_token()));
+            Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    keep_alive(&stream);
+                    let connection = handle(stream, peer, cancel.child_token());
+                    tasks.spawn(async move {
+                        connection.await;
+                        drop(slot);
+                    });
+                }
+                Err(_) => {
+                    refuse(stream);
+                    refusals.over_cap.held += 1;
+                }
+            },
+            Err(e) if out_of_fds(&e) && reserve.is_some() => {
+                // The pending connection is still queued: take it with the reserve's slot.
+                drop(reserve.take());
+                if let Some(Ok((stream, _))) = listener.accept().now_or_never() {
+                    refuse(stream);
+                }
+                refusals.no_fds.held += 1;
+                reserve = std::fs::File::open("/dev/null").ok();
+                if reserve.is_none() {
+                    // Someone else took the descriptor: back off as for any other failure.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             Err(e) => {
-                // Out of file descriptors and the like: keep serving the connections we have,
-                // and try again shortly rather than spinning on the error.
-                tracing::warn!("{label}: accept failed: {e}");
+                // Out of descriptors with no reserve, or worse: keep serving the connections we
+                // have, and try again shortly rather than spinning on the error.
+                refusals.failed.held += 1;
+                refusals.last_error = e.to_string();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        refusals.log(label, max_connections, Instant::now());
+        if reserve.is_none() {
+            reserve = std::fs::File::open("/dev/null").ok();
+        }
     }
+    refusals.log(label, max_connections, Instant::now() + Throttle::EVERY);
     cancel.cancel();
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first event is logged at once; the rest of the second's are held and logged as one
+    /// count when the second is up; a quiet throttle has nothing to log.
+    #[test]
+    fn a_throttle_logs_once_a_second_with_the_count() {
+        let t0 = Instant::now();
+        let mut t = Throttle::new();
+        assert_eq!(t.due(t0), None);
+        assert_eq!(t.next_due(), None);
+        assert_eq!(t.hit(t0), Some(1));
+        for i in 1..=500u32 {
+            assert_eq!(t.hit(t0 + Duration::from_micros(i.into())), None);
+        }
+        assert_eq!(t.next_due(), Some(t0 + Throttle::EVERY));
+        assert_eq!(t.due(t0 + Throttle::EVERY / 2), None);
+        assert_eq!(t.due(t0 + Throttle::EVERY), Some(500));
+        assert_eq!(t.due(t0 + Throttle::EVERY * 3), None);
+        assert_eq!(t.hit(t0 + Throttle::EVERY * 3), Some(1));
+    }
+
+    /// The default cap fits the descriptor limit; a cap given is used as is.
+    #[test]
+    fn the_default_cap_fits_the_descriptor_limit() {
+        use nix::sys::resource::{getrlimit, Resource};
+        let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        for fds in [1, 2, 4] {
+            let cap = connection_cap(None, fds) as u64;
+            assert!(cap <= DEFAULT_MAX_CONNECTIONS as u64);
+            assert!(cap * fds as u64 + FD_MARGIN <= soft.max(FD_MARGIN + fds as u64));
+        }
+        assert_eq!(connection_cap(Some(1_000_000), 2), 1_000_000);
+    }
+
+    /// Accepted connections get TCP keep-alive with our timings; connections over the cap are
+    /// reset at once while the held one stays served.
+    #[tokio::test]
+    async fn accepted_connections_keep_alive_and_the_cap_resets_the_rest() {
+        use tokio::io::AsyncReadExt;
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(accept_until(
+            listener,
+            stopped,
+            "test",
+            1,
+            move |s, _, c| {
+                let sock = socket2::SockRef::from(&s);
+                let _ = tx.send((
+                    sock.keepalive().unwrap(),
+                    sock.tcp_keepalive_time().unwrap(),
+                ));
+                async move {
+                    c.cancelled().await;
+                    drop(s);
+                }
+            },
+        ));
+        let _held = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(rx.recv().await, Some((true, KEEPALIVE_IDLE)));
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), refused.read(&mut byte));
+        match read.await.expect("refused promptly") {
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+            Ok(n) => panic!("read {n} bytes instead of a reset"),
+        }
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
 }

@@ -13,8 +13,7 @@
 //! slowly back down, so a busy proxy spins a few microseconds per release and an idle one
 //! spins long enough to be on time. Nothing spins while nothing is due.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -61,9 +60,9 @@ pub fn sleep_until(deadline: Instant) -> PreciseSleep {
 #[derive(Debug)]
 pub struct PreciseSleep {
     deadline: Instant,
-    /// When the timer thread was asked to wake us, and whom: a poll before then (another
-    /// branch of the same task woke it) needs no second registration.
-    registered: Option<(Instant, Waker)>,
+    /// When the timer thread was asked to wake us, under which key, and whom: a poll before
+    /// then (another branch of the same task woke it) needs no second registration.
+    registered: Option<(Key, Waker)>,
 }
 
 impl Future for PreciseSleep {
@@ -71,12 +70,19 @@ impl Future for PreciseSleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let now = Instant::now();
-        if let Some((wake_at, waker)) = &self.registered {
-            if now < *wake_at && waker.will_wake(cx.waker()) {
+        if let Some((key, waker)) = &self.registered {
+            if now < key.0 && waker.will_wake(cx.waker()) {
                 return Poll::Pending;
             }
-            if now >= *wake_at {
-                observe_lateness(now - *wake_at);
+            if now >= key.0 {
+                observe_lateness(now - key.0);
+            }
+        }
+        // Whatever happens next, the old registration is spent or superseded. A spent one is
+        // due, so the timer thread drops it (with a harmless wake) without our taking its lock.
+        if let Some((key, _)) = self.registered.take() {
+            if now < key.0 {
+                TimerThread::get().cancel(key);
             }
         }
         if now >= self.deadline {
@@ -90,39 +96,33 @@ impl Future for PreciseSleep {
             return Poll::Ready(());
         }
         let wake_at = self.deadline - lead;
-        TimerThread::get().register(wake_at, cx.waker().clone());
-        self.registered = Some((wake_at, cx.waker().clone()));
+        let key = TimerThread::get().register(wake_at, cx.waker().clone());
+        self.registered = Some((key, cx.waker().clone()));
         Poll::Pending
     }
 }
 
-struct Entry {
-    wake_at: Instant,
-    /// Registration order: breaks ties so `Ord` is total without comparing wakers.
-    seq: u64,
-    waker: Waker,
+impl Drop for PreciseSleep {
+    /// A sleep dropped before its wake-up (a `select!` branch that lost, a closed connection)
+    /// takes its entry with it: otherwise entries for far deadlines would pile up in the timer
+    /// until those deadlines passed, and each would wake a task that no longer waits.
+    fn drop(&mut self) {
+        if let Some((key, _)) = self.registered.take() {
+            if Instant::now() < key.0 {
+                TimerThread::get().cancel(key);
+            }
+        }
+    }
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.wake_at, self.seq).cmp(&(other.wake_at, other.seq))
-    }
-}
+/// A registration: its wake-up time, and its order of registration, which makes keys unique
+/// (and so removable) without comparing wakers.
+type Key = (Instant, u64);
 
 #[derive(Default)]
 struct State {
-    heap: BinaryHeap<Reverse<Entry>>,
+    /// Pending wake-ups, earliest first.
+    entries: BTreeMap<Key, Waker>,
     next_seq: u64,
 }
 
@@ -148,23 +148,36 @@ impl TimerThread {
         })
     }
 
-    fn register(&self, wake_at: Instant, waker: Waker) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, wake_at: Instant, waker: Waker) -> Key {
+        let mut state = self.lock();
         let earliest = state
-            .heap
-            .peek()
-            .is_none_or(|Reverse(e)| wake_at < e.wake_at);
-        let seq = state.next_seq;
+            .entries
+            .first_key_value()
+            .is_none_or(|(&(first, _), _)| wake_at < first);
+        let key = (wake_at, state.next_seq);
         state.next_seq += 1;
-        state.heap.push(Reverse(Entry {
-            wake_at,
-            seq,
-            waker,
-        }));
+        state.entries.insert(key, waker);
         drop(state);
         if earliest {
             self.changed.notify_one();
         }
+        key
+    }
+
+    /// Forgets a registration; nothing if it already fired. The timer thread may then wake
+    /// early for it once, finds nothing due, and sleeps again.
+    fn cancel(&self, key: Key) {
+        self.lock().entries.remove(&key);
+    }
+
+    /// Registrations waiting to fire.
+    #[cfg(test)]
+    fn pending(&self) -> usize {
+        self.lock().entries.len()
     }
 
     fn run(&self) {
@@ -173,28 +186,27 @@ impl TimerThread {
             tracing::warn!("cannot reduce timer slack ({e}); release times may be ~50 µs late");
         }
         let mut due = Vec::new();
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.lock();
         loop {
             let now = Instant::now();
-            while let Some(Reverse(top)) = state.heap.peek() {
-                if top.wake_at > now {
+            while let Some(entry) = state.entries.first_entry() {
+                if entry.key().0 > now {
                     break;
                 }
-                let Reverse(entry) = state.heap.pop().expect("peeked");
-                due.push(entry.waker);
+                due.push(entry.remove());
             }
             if !due.is_empty() {
                 drop(state);
                 for waker in due.drain(..) {
                     waker.wake();
                 }
-                state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                state = self.lock();
                 continue;
             }
-            state = match state.heap.peek() {
+            state = match state.entries.first_key_value() {
                 None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
-                Some(Reverse(top)) => {
-                    let wait = top.wake_at - now;
+                Some((&(wake_at, _), _)) => {
+                    let wait = wake_at - now;
                     self.changed
                         .wait_timeout(state, wait)
                         .unwrap_or_else(|e| e.into_inner())
@@ -281,5 +293,39 @@ mod tests {
         for h in handles {
             h.await.unwrap();
         }
+    }
+
+    /// A million sleeps for a far deadline, each polled once (so registered) and dropped, leave
+    /// nothing behind: the timer holds only live sleepers, not every sleep ever cancelled.
+    #[test]
+    fn cancelled_sleeps_leave_the_timer() {
+        use futures_util::FutureExt;
+        let far = Instant::now() + Duration::from_secs(3600);
+        let before = TimerThread::get().pending();
+        for _ in 0..1_000_000 {
+            assert!(sleep_until(far).now_or_never().is_none());
+        }
+        // Other tests' sleepers come and go meanwhile; they are few, a million are not.
+        let after = TimerThread::get().pending();
+        assert!(
+            after < before + 1000,
+            "{before} entries before, {after} after"
+        );
+        // Polled again by another waker, a sleep holds one entry, not one per poll.
+        struct Nobody;
+        impl std::task::Wake for Nobody {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        let mut sleep = Box::pin(sleep_until(far));
+        for _ in 0..1000 {
+            // A distinct waker each time, so each poll must register anew.
+            let waker = Waker::from(std::sync::Arc::new(Nobody));
+            let _ = sleep.as_mut().poll(&mut Context::from_waker(&waker));
+        }
+        let live = TimerThread::get().pending();
+        assert!(
+            live < before + 1000,
+            "{before} entries before, {live} with one live sleep"
+        );
     }
 }

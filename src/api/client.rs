@@ -1,11 +1,41 @@
 //! A small client of the control API, for `faultrig ctl` (people without a client library)
 //! and for the runner when it drives remote proxies.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use tokio::time::timeout;
+
+/// How long the client waits, and how much it reads: an API that stalls or streams without end
+/// must not hang `faultrig ctl` or a run driving remote proxies, nor fill its memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// To open the TCP connection.
+    pub connect: Duration,
+    /// From sending the request to the response's status and headers.
+    pub response: Duration,
+    /// To read the whole response body.
+    pub body: Duration,
+    /// Largest response body read; a longer one is an error.
+    pub max_body: usize,
+}
+
+impl Default for Limits {
+    /// Generous for an API on another host whose proxies take a moment to start or stop (a
+    /// delete waits for every connection to close), tight enough that a dead one is noticed.
+    fn default() -> Self {
+        Limits {
+            connect: Duration::from_secs(5),
+            response: Duration::from_secs(30),
+            body: Duration::from_secs(30),
+            max_body: 16 << 20,
+        }
+    }
+}
 
 /// What went wrong talking to the API.
 #[derive(Debug, thiserror::Error)]
@@ -13,29 +43,60 @@ pub enum ClientError {
     /// The API could not be reached or broke the connection.
     #[error("control API at {addr}: {why}")]
     Unreachable { addr: String, why: String },
+    /// The API did not connect, answer or finish its answer in time.
+    #[error("control API at {addr}: no {what} within {after:?}")]
+    TimedOut {
+        addr: String,
+        what: &'static str,
+        after: Duration,
+    },
+    /// The answer was longer than [`Limits::max_body`].
+    #[error("control API at {addr}: answer longer than {limit} bytes")]
+    TooLarge { addr: String, limit: usize },
     /// The API answered with an error (`{"error": .., "status": ..}`).
     #[error("control API: {status} {message}")]
     Api { status: u16, message: String },
 }
 
-/// One request: `body` as JSON when given. Returns the JSON answer (`Null` for 204).
+/// One request with the default [`Limits`]: `body` as JSON when given. Returns the JSON answer
+/// (`Null` for 204).
 pub async fn request(
     addr: &str,
     method: Method,
     path: &str,
     body: Option<&Value>,
 ) -> Result<Value, ClientError> {
+    request_with(addr, method, path, body, &Limits::default()).await
+}
+
+/// [`request`] within `limits`.
+pub async fn request_with(
+    addr: &str,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+    limits: &Limits,
+) -> Result<Value, ClientError> {
     let unreachable = |why: String| ClientError::Unreachable {
         addr: addr.to_string(),
         why,
     };
-    let stream = tokio::net::TcpStream::connect(addr)
+    let timed_out = |what, after| ClientError::TimedOut {
+        addr: addr.to_string(),
+        what,
+        after,
+    };
+    let stream = timeout(limits.connect, tokio::net::TcpStream::connect(addr))
         .await
+        .map_err(|_| timed_out("connection", limits.connect))?
         .map_err(|e| unreachable(e.to_string()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(connection);
+    // Ends when the response is read and `sender` dropped, or when the server closes: so it
+    // never outlives this call by more than the server's own close.
+    let connection = tokio::spawn(connection);
+    let _abort = AbortOnDrop(connection);
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let req = Request::builder()
         .method(method)
@@ -44,17 +105,27 @@ pub async fn request(
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(payload)))
         .map_err(|e| unreachable(e.to_string()))?;
-    let resp = sender
-        .send_request(req)
+    let resp = timeout(limits.response, sender.send_request(req))
         .await
+        .map_err(|_| timed_out("answer", limits.response))?
         .map_err(|e| unreachable(e.to_string()))?;
     let status = resp.status().as_u16();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?
-        .to_bytes();
+    let bytes = match timeout(
+        limits.body,
+        Limited::new(resp.into_body(), limits.max_body).collect(),
+    )
+    .await
+    {
+        Err(_) => return Err(timed_out("complete answer", limits.body)),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(ClientError::TooLarge {
+                addr: addr.to_string(),
+                limit: limits.max_body,
+            })
+        }
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
     let value: Value = if bytes.is_empty() {
         Value::Null
     } else {
@@ -69,6 +140,16 @@ pub async fn request(
         return Err(ClientError::Api { status, message });
     }
     Ok(value)
+}
+
+/// Stops the connection task when the request is given up (a timeout, a cap), so a server that
+/// never closes does not keep the socket open.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `GET` of a plain-text endpoint (`/metrics`).

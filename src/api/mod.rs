@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -28,6 +28,10 @@ pub use registry::{ProxySpec, Registry, RegistryOptions};
 
 /// Largest request body accepted; larger ones get 413.
 pub const MAX_BODY: usize = 1 << 20;
+
+/// Connections the API serves at once: its clients are a few programs driving proxies, so a
+/// small cap, well under the descriptors its proxies need.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// The version `GET /version` reports (faultrig's; clients treat it as opaque text).
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-faultrig");
@@ -74,6 +78,7 @@ pub async fn run(
         listener,
         shutdown,
         "control API",
+        MAX_CONNECTIONS.min(crate::net::connection_cap(None, 1)),
         move |stream, _, cancel| {
             let registry = served.clone();
             async move {
@@ -82,6 +87,8 @@ pub async fn run(
                     async move { Ok::<_, std::convert::Infallible>(handle(&registry, req).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(crate::net::HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service);
                 tokio::pin!(conn);
                 tokio::select! {

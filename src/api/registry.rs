@@ -31,6 +31,8 @@ pub struct RegistryOptions {
     /// Bytes buffered per direction (see [`ProxyOptions::window`]).
     pub window: usize,
     pub connect_timeout: Duration,
+    /// Most client connections per proxy (see [`ProxyOptions::max_connections`]).
+    pub max_connections: Option<usize>,
 }
 
 impl Default for RegistryOptions {
@@ -39,6 +41,7 @@ impl Default for RegistryOptions {
             seed: 0,
             window: DEFAULT_WINDOW,
             connect_timeout: Duration::from_secs(5),
+            max_connections: None,
         }
     }
 }
@@ -169,6 +172,7 @@ impl Managed {
                 seed: options.seed,
                 window: options.window,
                 connect_timeout: options.connect_timeout,
+                max_connections: options.max_connections,
             },
             self.stats.clone(),
         );

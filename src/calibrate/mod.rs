@@ -319,6 +319,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future) -> io::Result<(
         listener,
         shutdown,
         "calibrate server",
+        crate::net::connection_cap(None, 1),
         |s, _, cancel| async move {
             let _ = s.set_nodelay(true);
             tokio::select! {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::budget::Budget;
@@ -40,6 +40,8 @@ impl Flavour for Http1Json {
                 http_json::handle(req, service.clone(), budget.clone())
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(crate::net::HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), handler)
                 .await;
         })

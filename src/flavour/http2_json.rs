@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::budget::Budget;
@@ -32,14 +32,18 @@ pub const MAX_HEADER_LIST: u32 = 16 << 10;
 /// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
 /// room for every call a load generator keeps in flight. Request bytes not yet read by a
 /// handler are bounded by the connection window; what handlers hold is charged to the
-/// connection's byte budget (`http2-json`, see [`super::budget`]).
+/// connection's byte budget (`http2-json`, see [`super::budget`]). Dead peers are found by PING
+/// ([`crate::net::H2_KEEP_ALIVE_INTERVAL`]).
 pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(MAX_STREAMS)
-        .max_header_list_size(MAX_HEADER_LIST);
+        .max_header_list_size(MAX_HEADER_LIST)
+        .timer(TokioTimer::new())
+        .keep_alive_interval(crate::net::H2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(crate::net::H2_KEEP_ALIVE_TIMEOUT);
     builder
 }
 

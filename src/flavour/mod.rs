@@ -102,28 +102,38 @@ pub async fn serve(
     service: Arc<RigService>,
     shutdown: impl Future,
 ) -> io::Result<()> {
-    serve_with(flavour, listener, service, shutdown, true).await
+    serve_with(flavour, listener, service, shutdown, true, None).await
 }
 
 /// [`serve`], with `TCP_NODELAY` on every accepted connection or (`nodelay` false) Nagle's
-/// algorithm left on, as a server that never sets the option would have it.
+/// algorithm left on, as a server that never sets the option would have it, and at most
+/// `max_connections` at once (default: [`crate::net::connection_cap`]'s).
 pub async fn serve_with(
     flavour: &'static dyn Flavour,
     listener: TcpListener,
     service: Arc<RigService>,
     shutdown: impl Future,
     nodelay: bool,
+    max_connections: Option<usize>,
 ) -> io::Result<()> {
-    crate::net::accept_until(listener, shutdown, flavour.name(), |stream, _, cancel| {
-        let _ = stream.set_nodelay(nodelay);
-        let connection = flavour.serve_connection(stream, service.clone());
-        async move {
-            tokio::select! {
-                _ = connection => {}
-                _ = cancel.cancelled() => {}
+    // One descriptor per connection; a downstream's are in the margin.
+    let cap = crate::net::connection_cap(max_connections, 1);
+    crate::net::accept_until(
+        listener,
+        shutdown,
+        flavour.name(),
+        cap,
+        |stream, _, cancel| {
+            let _ = stream.set_nodelay(nodelay);
+            let connection = flavour.serve_connection(stream, service.clone());
+            async move {
+                tokio::select! {
+                    _ = connection => {}
+                    _ = cancel.cancelled() => {}
+                }
             }
-        }
-    })
+        },
+    )
     .await
 }
 

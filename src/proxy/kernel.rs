@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::pipe::{self, Ends};
 use super::ProxyStats;
 use crate::link::{LinkStats, NamespaceError, NamespacePair, PAIR_ADDRS};
+use crate::net::Throttle;
 use crate::profile::{CongestionControl, Profile};
 
 /// Connections waiting for their far end to be accepted in B, by A's local port.
@@ -130,12 +131,20 @@ fn link_socket(cc: CongestionControl) -> io::Result<Socket> {
     Ok(socket)
 }
 
+/// Accepts the far ends of the connections the proxy opens across the link. It holds none
+/// itself (each goes to the connection waiting for it, or is dropped), so it needs no cap of
+/// its own: the proxy's accept loop caps the connections that open these.
 async fn accept_loop(listener: TcpListener, pending: Pending, cc: CongestionControl) {
+    let (mut failures, mut strangers) = (Throttle::new(), Throttle::new());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                tracing::warn!("kernel engine: accept in the link namespace failed: {e}");
+                if let Some(n) = failures.hit(Instant::now()) {
+                    tracing::warn!(
+                        "kernel engine: accept in the link namespace failed {n} time(s): {e}"
+                    );
+                }
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -147,7 +156,11 @@ async fn accept_loop(listener: TcpListener, pending: Pending, cc: CongestionCont
             Some(tx) => {
                 let _ = tx.send(stream);
             }
-            None => tracing::warn!(%peer, "kernel engine: a connection nobody opened"),
+            None => {
+                if let Some(n) = strangers.hit(Instant::now()) {
+                    tracing::warn!(%peer, "kernel engine: {n} connection(s) nobody opened");
+                }
+            }
         }
     }
 }

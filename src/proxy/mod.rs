@@ -57,6 +57,8 @@ pub struct ProxyOptions {
     pub window: usize,
     /// How long to wait for the upstream's accept before giving up on a client.
     pub connect_timeout: Duration,
+    /// Most client connections at once; `None`: [`crate::net::connection_cap`]'s default.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for ProxyOptions {
@@ -66,6 +68,7 @@ impl Default for ProxyOptions {
             seed: 0,
             window: DEFAULT_WINDOW,
             connect_timeout: Duration::from_secs(5),
+            max_connections: None,
         }
     }
 }
@@ -164,6 +167,8 @@ struct Shared {
     stats: Arc<ProxyStats>,
     /// The kernel engine's namespaces and link, when this proxy uses it.
     kernel: Option<KernelPath>,
+    /// Unreachable-upstream warnings: one line a second at most, however many clients fail.
+    refusals: Mutex<crate::net::Throttle>,
 }
 
 /// One fault proxy: an upstream address, a profile and its counters.
@@ -196,6 +201,7 @@ impl Proxy {
                 options,
                 stats,
                 kernel: None,
+                refusals: Mutex::new(crate::net::Throttle::new()),
             }),
         }
     }
@@ -223,7 +229,10 @@ impl Proxy {
     pub async fn run(self, listener: TcpListener, shutdown: impl Future) -> io::Result<()> {
         let label = format!("proxy {}", self.shared.options.name);
         let mut ordinal = 0u64;
-        crate::net::accept_until(listener, shutdown, &label, |client, peer, cancel| {
+        // Two descriptors per connection (client and upstream), four on the kernel engine.
+        let fds = if self.shared.kernel.is_some() { 4 } else { 2 };
+        let cap = crate::net::connection_cap(self.shared.options.max_connections, fds);
+        crate::net::accept_until(listener, shutdown, &label, cap, |client, peer, cancel| {
             tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
             ordinal += 1;
             serve_connection(self.shared.clone(), client, ordinal - 1, cancel)
@@ -340,10 +349,17 @@ fn refuse(shared: &Shared, client: &TcpStream, why: &str) {
         .stats
         .connect_failures
         .fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(
-        proxy = %shared.options.name,
-        upstream = %shared.upstream,
-        "cannot reach upstream ({why}); resetting the client connection"
-    );
+    let due = shared
+        .refusals
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .hit(Instant::now());
+    if let Some(n) = due {
+        tracing::warn!(
+            proxy = %shared.options.name,
+            upstream = %shared.upstream,
+            "cannot reach upstream ({why}); reset {n} client connection(s)"
+        );
+    }
     pipe::reset_on_close(client);
 }

@@ -629,10 +629,9 @@ fn the_toxiproxy_python_client_drives_faultrig() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/python/toxiproxy_client.py"
     );
-    let o = std::process::Command::new(python)
-        .args([script, &api.addr, &echo])
-        .output()
-        .unwrap();
+    let mut client = std::process::Command::new(python);
+    client.args([script, &api.addr, &echo]);
+    let o = output_within(client, COMMAND_DEADLINE);
     assert!(
         o.status.success(),
         "{}\n{}",

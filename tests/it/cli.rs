@@ -160,7 +160,7 @@ fn proxy_process_forwards_and_stops_on_sigterm() {
 }
 
 /// The columns of the README's "Results CSV", verbatim.
-const DESIGN_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr,engine,nodelay,write_pattern";
+const README_HEADER: &str = "run_id,started_at,host,round,profile,flavour,mode,workload,payload_bytes,concurrency,calls,ok,failed,err_connect,err_timeout,err_reset,err_protocol,err_other,elapsed_ms,throughput_rps,lat_min_us,lat_mean_us,lat_p50_us,lat_p90_us,lat_p99_us,lat_p999_us,lat_max_us,conns_opened,req_bytes,resp_bytes,bytes_up,bytes_down,stalls_up,stalls_down,server_cpu_ms,server_rss_kb,seed,hdr,engine,nodelay,write_pattern";
 
 #[test]
 fn bench_writes_design_columns_and_rows_merge() {
@@ -189,7 +189,7 @@ fn bench_writes_design_columns_and_rows_merge() {
         assert!(stdout(&o).contains("50 calls"), "{}", stdout(&o));
     }
     let text = std::fs::read_to_string(&csv).unwrap();
-    assert_eq!(text.lines().next().unwrap(), DESIGN_HEADER);
+    assert_eq!(text.lines().next().unwrap(), README_HEADER);
     let rows = faultrig::results::read(&csv).unwrap();
     assert_eq!(rows.len(), 2);
     for row in &rows {
@@ -286,11 +286,10 @@ fn serve_takes_its_listener_on_stdin_and_bench_its_socket_options() {
     );
 
     // Standard input that is not a listening socket: one message, exit 2.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"))
-        .args(["serve", "--flavour", "grpc", "--listen-stdin"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_faultrig"));
+    command.args(["serve", "--flavour", "grpc", "--listen-stdin"]);
+    // (output_within gives it /dev/null as standard input.)
+    let o = output_within(command, COMMAND_DEADLINE);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(stderr(&o).contains("--listen-stdin"), "{}", stderr(&o));
 }
@@ -328,6 +327,20 @@ fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
             "--target",
         ),
         (bench(&["--calls", "0"]), "--calls"),
+        (
+            vec!["serve", "--flavour", "grpc", "--max-connections", "0"],
+            "--max-connections",
+        ),
+        (
+            vec![
+                "proxy",
+                "--upstream",
+                "127.0.0.1:1",
+                "--max-connections",
+                "x",
+            ],
+            "--max-connections",
+        ),
         (bench(&["--calls", "1000000000001"]), "--calls"),
         (bench(&[]), "--calls"),
         (bench(&["--calls", "1", "--mode", "pool:0"]), "--mode"),
@@ -468,12 +481,12 @@ fn bench_load_script_leaves_no_server_behind() {
         stubs.path().display(),
         std::env::var("PATH").unwrap()
     );
-    let o = std::process::Command::new(script)
+    let mut command = std::process::Command::new(script);
+    command
         .args(["1", "--bin", env!("CARGO_BIN_EXE_faultrig")])
         .env("PATH", path)
-        .env(key, value)
-        .output()
-        .unwrap();
+        .env(key, value);
+    let o = output_within(command, COMMAND_DEADLINE);
     let stdout = succeeded(&o);
     assert!(stdout.contains("tcp-binary, one connection"), "{stdout}");
     let marked: Vec<String> = std::fs::read_dir("/proc")

@@ -6,6 +6,7 @@ mod cli;
 mod downstream;
 mod e2e;
 mod flavours;
+mod limits;
 mod link;
 mod proxy;
 mod remote;

@@ -319,7 +319,8 @@ fn the_three_namespace_run() {
     let scratch = tempdir();
     let out = scratch.path().join("out");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lan-netns.sh");
-    let o = std::process::Command::new(script)
+    let mut command = std::process::Command::new(script);
+    command
         .args([
             "--calls",
             "50",
@@ -329,9 +330,8 @@ fn the_three_namespace_run() {
             env!("CARGO_BIN_EXE_faultrig"),
         ])
         .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+        .arg(&out);
+    let o = output_within(command, COMMAND_DEADLINE);
     let stdout = succeeded(&o);
     let (_, rows) = only_run(&out);
     // Every cell: 3 profiles × 5 flavours × 2 modes.

@@ -156,12 +156,68 @@ pub fn spawn_echo(l: TcpListener) -> JoinHandle<()> {
 /// Generous bound for anything that should be prompt.
 pub const PROMPT: Duration = Duration::from_secs(10);
 
-/// Runs the real `faultrig` binary to completion.
+/// Longest a `faultrig` command run by a test may take (the longest, a small experiment, takes
+/// well under a minute): a hang fails its test with the output so far, not the whole suite.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Longest a child may take to announce its address.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs the real `faultrig` binary to completion, within [`COMMAND_DEADLINE`].
 pub fn faultrig(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultrig"))
-        .args(args)
-        .output()
-        .expect("run faultrig")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_faultrig"));
+    command.args(args);
+    output_within(command, COMMAND_DEADLINE)
+}
+
+/// `command.output()`, but a command still running after `deadline` is killed and the test
+/// panics with what it wrote.
+pub fn output_within(mut command: Command, deadline: Duration) -> Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+    // Drained while the child runs, so a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    match status {
+        Some(status) => Output {
+            status,
+            stdout,
+            stderr,
+        },
+        None => panic!(
+            "{command:?} still running after {deadline:?}; killed. stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        ),
+    }
 }
 
 /// A scratch directory removed on drop.
@@ -187,16 +243,35 @@ impl Listening {
     }
 
     /// Starts `command` and waits for its address line.
-    pub fn spawn(mut command: Command) -> Listening {
+    pub fn spawn(command: Command) -> Listening {
+        Listening::spawn_logging(command, std::process::Stdio::null())
+    }
+
+    /// [`Listening::spawn`], its standard error going to `stderr`. A child that says nothing
+    /// within [`STARTUP_DEADLINE`] is killed, and the test panics.
+    pub fn spawn_logging(mut command: Command, stderr: std::process::Stdio) -> Listening {
         use std::io::BufRead;
         let mut child = command
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
+        // Read on a thread, so a child that hangs before its first line is noticed.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = stdout.read_line(&mut line);
+            let _ = tx.send((line, stdout));
+        });
+        let (line, stdout) = match rx.recv_timeout(STARTUP_DEADLINE) {
+            Ok(read) => read,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{command:?} announced no address within {STARTUP_DEADLINE:?}; killed");
+            }
+        };
         let addr = line
             .split("listening on ")
             .nth(1)
@@ -384,7 +459,8 @@ pub fn refused_without_the_privilege(args: &[&str]) {
     } else {
         Command::new(binary)
     };
-    let out = command.args(args).output().unwrap();
+    command.args(args);
+    let out = output_within(command, COMMAND_DEADLINE);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("CAP_NET_ADMIN"), "{stderr}");
