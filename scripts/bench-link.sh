@@ -66,8 +66,8 @@ veth_held_rtt=$(in_veth ping "$pings" 20000)
 local_rtt=$(in_shell local ping "$pings")
 delay_rtt=$(in_shell "$scratch/delay10.toml" ping "$pings")
 # The engine's own account of the 10 ms run: how late its timer released packets.
-delay_late=$(grep -o 'up [^;]*' "$scratch/shell.err" | grep -o 'late p50 [0-9]* us' |
-    grep -o '[0-9]* us' || echo "? us")
+delay_late=$(grep -o 'up [^;]*' "$scratch/shell.err" | grep -o '[0-9]* us late at the median' |
+    grep -o '^[0-9]* us' || echo "? us")
 veth_bulk=$(in_veth bulk "$seconds")
 local_bulk=$(in_shell local bulk "$seconds")
 delay_bulk=$(in_shell "$scratch/delay10.toml" bulk "$seconds")

@@ -366,11 +366,31 @@ impl Profile {
         }
         let link = raw.link.unwrap_or_default();
         let base = link.apply(LinkParams::default());
+        let upstream = raw.upstream.unwrap_or_default().apply(base.clone());
+        let downstream = raw.downstream.unwrap_or_default().apply(base);
+        for (table, params) in [("upstream", &upstream), ("downstream", &downstream)] {
+            // A queue that cannot hold one full segment would drop every one of them.
+            let packet = u64::from(params.mss) + crate::fault::wire::SEGMENT_OVERHEAD as u64;
+            if params.queue_limit < packet {
+                return Err(ProfileError {
+                    origin: origin.to_string(),
+                    line: None,
+                    key: Some(format!("{table}.queue_limit")),
+                    message: format!(
+                        "queue_limit {} bytes cannot hold one full segment (mss {} + {} bytes \
+                         of headers)",
+                        params.queue_limit,
+                        params.mss,
+                        crate::fault::wire::SEGMENT_OVERHEAD
+                    ),
+                });
+            }
+        }
         Ok(Profile {
             name: raw.name.unwrap_or_else(|| default_name.to_string()),
             description: raw.description.unwrap_or_default(),
-            upstream: raw.upstream.unwrap_or_default().apply(base.clone()),
-            downstream: raw.downstream.unwrap_or_default().apply(base),
+            upstream,
+            downstream,
             connect: ConnectParams {
                 syn_rto: raw
                     .connect
@@ -833,6 +853,16 @@ mod tests {
         let e = err("[link.burst]\np = 0.1\n");
         assert_eq!(e.key.as_deref(), Some("link.burst"), "{e}");
         assert!(e.message.contains("`r`"), "{e}");
+    }
+
+    #[test]
+    fn a_queue_must_hold_one_full_segment_and_a_burst_step_be_positive() {
+        let e = err("[link]\nmss = 8948\nqueue_limit = 8000\n");
+        assert_eq!(e.key.as_deref(), Some("upstream.queue_limit"), "{e}");
+        assert!(e.message.contains("8948"), "{e}");
+        parse("[link]\nmss = 8948\nqueue_limit = 9000\n").unwrap();
+        let e = err("[link.burst]\np = 0.1\nr = 0.2\nstep = \"0ms\"\n");
+        assert_eq!(e.key.as_deref(), Some("link.burst.step"), "{e}");
     }
 
     #[test]

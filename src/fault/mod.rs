@@ -252,7 +252,13 @@ impl LinkModel {
 
     /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
     pub fn send_reset(&mut self, now: Duration) -> Duration {
-        let arrival = now.max(self.floor).max(self.path.wire.next_free()) + self.path.params.delay;
+        // Behind the bottleneck's backlog only while there is a bottleneck: a backlog left by a
+        // rate that a toxic has since removed no longer holds anything up.
+        let backlog = match self.path.params.rate_bps {
+            Some(_) => self.path.wire.next_free(),
+            None => Duration::ZERO,
+        };
+        let arrival = now.max(self.floor).max(backlog) + self.path.params.delay;
         self.last_release = self.last_release.max(arrival);
         self.last_release
     }
@@ -283,6 +289,7 @@ impl LinkModel {
         connect: &ConnectParams,
         loss: Option<LossProcess>,
         packet: Handshake,
+        start: Duration,
     ) -> (Duration, u32) {
         // A handshake-only loss process (a `syn_loss` toxic) stands in for the link's.
         let link_loss = self.path.params.loss;
@@ -291,9 +298,9 @@ impl LinkModel {
         }
         let mut stall = Duration::ZERO;
         let mut losses = 0;
-        // Each SYN (or SYN-ACK) is drawn at the time it is sent: the first at zero, each
+        // Each SYN (or SYN-ACK) is drawn at the time it is sent: the first at `start`, each
         // retransmission when the timers before it have fired.
-        while losses < MAX_SYN_RETRIES && self.path.draw_loss(stall) {
+        while losses < MAX_SYN_RETRIES && self.path.draw_loss(start + stall) {
             // Linux's tcp_retransmit_timer: in SYN-SENT, the first tcp_syn_linear_timeouts + 1
             // timers keep the initial RTO (1, 1, 1, 1, 1, 2, 4 s); the passive side's SYN-ACK
             // timer always doubles.
@@ -373,10 +380,19 @@ impl ConnectionModel {
             timing,
             stream_rng(seed, proxy, ordinal, Direction::Downstream),
         );
-        let (syn_stall, syn_losses) =
-            upstream.handshake_stall(&profile.connect, handshake_loss.syn, Handshake::Syn);
-        let (synack_stall, synack_losses) =
-            downstream.handshake_stall(&profile.connect, handshake_loss.synack, Handshake::SynAck);
+        let (syn_stall, syn_losses) = upstream.handshake_stall(
+            &profile.connect,
+            handshake_loss.syn,
+            Handshake::Syn,
+            Duration::ZERO,
+        );
+        // The server answers the SYN that got through.
+        let (synack_stall, synack_losses) = downstream.handshake_stall(
+            &profile.connect,
+            handshake_loss.synack,
+            Handshake::SynAck,
+            syn_stall + profile.upstream.delay,
+        );
         let setup = timing.rtt + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
@@ -465,7 +481,9 @@ pub(crate) fn draw_loss(
         } => {
             // Same number of draws for every packet, whatever the elapsed time.
             let flip = rng.random::<f64>();
-            let steps = now.saturating_sub(state.at).as_nanos() / step.as_nanos().max(1);
+            let elapsed = now.saturating_sub(state.at).as_nanos();
+            let step_ns = step.as_nanos().max(1);
+            let steps = elapsed / step_ns;
             if steps > 0 && p + r > 0.0 {
                 let decay = (1.0 - p - r).powf(steps as f64);
                 let stationary = p / (p + r);
@@ -477,7 +495,9 @@ pub(crate) fn draw_loss(
                 state.bad = flip < bad;
             }
             // Whole steps only, so the remainder counts towards the next one.
-            state.at += step.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
+            if steps > 0 {
+                state.at = now.saturating_sub(Duration::from_nanos((elapsed % step_ns) as u64));
+            }
             let delivered = if state.bad { h } else { k };
             rng.random::<f64>() >= delivered
         }

@@ -17,9 +17,10 @@ use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use super::MAX_MESSAGE;
 
-/// Bytes one connection may hold in calls being answered: two largest messages (a request and
-/// its echo) with room for framing, so a single largest call always fits.
-pub const CONNECTION_BYTES: usize = 2 * (MAX_MESSAGE + (64 << 10));
+/// Bytes one connection may hold in calls being answered: three largest messages with room for
+/// framing, so a single largest call of any flavour always fits (a framed call holds its request
+/// and its echo; a JSON call its body, the call decoded from it, and the reply).
+pub const CONNECTION_BYTES: usize = 3 * (MAX_MESSAGE + (64 << 10));
 
 /// Bytes every connection of the process may hold in all: eight largest calls at once.
 pub const PROCESS_BYTES: usize = 8 * CONNECTION_BYTES;

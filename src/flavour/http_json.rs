@@ -26,6 +26,9 @@ const PREFIX: &str = "/rig/";
 /// body again).
 const COST_PER_BODY_BYTE: usize = 3;
 
+/// Body bytes are charged once this much cost has accumulated (and at the end).
+const CHARGE_BATCH: usize = 64 << 10;
+
 /// A response body holding its call's budget charge until hyper has taken the last bytes.
 pub struct ChargedBody {
     body: Full<Bytes>,
@@ -86,8 +89,11 @@ async fn read_body(
     let busy = |refused: budget::Refused| (StatusCode::SERVICE_UNAVAILABLE, refused.to_string());
     charges.push(budget.try_charge(budget::call_cost(0)).map_err(busy)?);
     let mut body = Limited::new(body, MAX_MESSAGE);
-    let mut chunks = Vec::new();
-    let mut total = 0;
+    // Chunks are copied into one buffer as they come, and charged in batches: a body sent a
+    // byte at a time (HTTP/1.1 chunks, h2 DATA frames) must not cost a queue entry and a
+    // charge per byte.
+    let mut all = bytes::BytesMut::new();
+    let mut uncharged = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             (
@@ -96,18 +102,16 @@ async fn read_body(
             )
         })?;
         if let Ok(data) = frame.into_data() {
-            let cost = COST_PER_BODY_BYTE * data.len();
-            charges.push(budget.try_charge(cost).map_err(busy)?);
-            total += data.len();
-            chunks.push(data);
+            all.extend_from_slice(&data);
+            uncharged += COST_PER_BODY_BYTE * data.len();
+            if uncharged >= CHARGE_BATCH {
+                charges.push(budget.try_charge(uncharged).map_err(busy)?);
+                uncharged = 0;
+            }
         }
     }
-    if chunks.len() == 1 {
-        return Ok(chunks.pop().expect("one chunk"));
-    }
-    let mut all = bytes::BytesMut::with_capacity(total);
-    for chunk in chunks {
-        all.extend_from_slice(&chunk);
+    if uncharged > 0 {
+        charges.push(budget.try_charge(uncharged).map_err(busy)?);
     }
     Ok(all.freeze())
 }

@@ -101,7 +101,7 @@ fn summarise(stats: &LinkStats, profile: &Profile) {
         let us = |q: f64| late.value_at_quantile(q) as f64 / 1e3;
         format!(
             "{} packets, {} lost, {} queue drops, {} duplicated, {} corrupted, {} reordered, \
-             released late p50 {:.0} us p99 {:.0} us",
+             {:.0} us late at the median, {:.0} us late at p99",
             c.packets.load(Relaxed),
             c.dropped_loss.load(Relaxed),
             c.dropped_queue.load(Relaxed),

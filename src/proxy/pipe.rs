@@ -328,7 +328,9 @@ impl<'a> Direction<'a> {
                 .as_ref()
                 .and_then(|l| l.current.slicer)
                 .map_or(READ_CHUNK, |s| {
-                    (MAX_SLICES_PER_READ * s.min_piece()).min(READ_CHUNK)
+                    MAX_SLICES_PER_READ
+                        .saturating_mul(s.min_piece())
+                        .min(READ_CHUNK)
                 });
             let read = read_stamped(src, most).await;
             let (read, arrived) = match read {
