@@ -434,10 +434,15 @@ pub(crate) fn jittered(params: &LinkParams, t: Duration, rng: &mut ChaCha8Rng) -
     }
 }
 
-/// Gilbert–Elliott's state of one direction: it starts good at time zero.
+/// Gilbert–Elliott's state of one direction. Stepped per packet it starts good, as netem's
+/// does; stepped in time it starts from the chain's stationary distribution at the first
+/// packet, since a connection (or a link) arrives at a random moment of a path that was there
+/// before it: starting good would spare every new connection's first packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LossState {
     bad: bool,
+    /// With a time step: whether the first packet has drawn the state.
+    started: bool,
     /// With a time step: the time the state was last advanced to (a whole number of steps).
     at: Duration,
 }
@@ -481,6 +486,11 @@ pub(crate) fn draw_loss(
         } => {
             // Same number of draws for every packet, whatever the elapsed time.
             let flip = rng.random::<f64>();
+            if !state.started {
+                state.started = true;
+                state.bad = p + r > 0.0 && flip < p / (p + r);
+                state.at = now;
+            }
             let elapsed = now.saturating_sub(state.at).as_nanos();
             let step_ns = step.as_nanos().max(1);
             let steps = elapsed / step_ns;
@@ -863,6 +873,16 @@ mod tests {
             (again / after_loss - stationary).abs() < 0.3 * stationary,
             "P(lost | lost before) = {}",
             again / after_loss
+        );
+
+        // A fresh state meets the path at its stationary distribution.
+        let fresh = (0..n / 10)
+            .filter(|_| draw_loss(&loss, &mut LossState::default(), &mut rng, MS))
+            .count() as f64;
+        assert!(
+            (fresh / f64::from(n / 10) - stationary).abs() < 0.15 * stationary,
+            "first packets lost: {}",
+            fresh / f64::from(n / 10)
         );
 
         let mut state = LossState::default();
