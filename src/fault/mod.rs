@@ -252,12 +252,7 @@ impl LinkModel {
 
     /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
     pub fn send_reset(&mut self, now: Duration) -> Duration {
-        // Behind the bottleneck's backlog only while there is a bottleneck: a backlog left by a
-        // rate that a toxic has since removed no longer holds anything up.
-        let backlog = match self.path.params.rate_bps {
-            Some(_) => self.path.wire.next_free(),
-            None => Duration::ZERO,
-        };
+        let backlog = self.path.wire.next_free(&self.path.params);
         let arrival = now.max(self.floor).max(backlog) + self.path.params.delay;
         self.last_release = self.last_release.max(arrival);
         self.last_release

@@ -74,9 +74,13 @@ impl Wire {
         self.last_arrival
     }
 
-    /// When the bottleneck is next free (a reset queues behind the bytes before it).
-    pub fn next_free(&self) -> Duration {
-        self.next_free
+    /// When the bottleneck is next free (a reset queues behind the bytes before it): zero
+    /// without a rate, so a backlog left by a rate since removed holds nothing up.
+    pub fn next_free(&self, params: &LinkParams) -> Duration {
+        match params.rate_bps {
+            Some(_) => self.next_free,
+            None => Duration::ZERO,
+        }
     }
 }
 
@@ -118,7 +122,7 @@ mod tests {
         assert!(w.serialise(&params, Duration::ZERO, 1500, true).is_some());
         // The second fits exactly (1500 bytes waiting plus its own 1500); one byte more does not.
         assert!(w.serialise(&params, Duration::ZERO, 1, true).is_none());
-        assert_eq!(w.next_free(), 2 * MS);
+        assert_eq!(w.next_free(&params), 2 * MS);
         let forced = w.serialise(&params, Duration::ZERO, 1500, false).unwrap();
         assert_eq!(forced.done, 3 * MS);
     }
