@@ -13,8 +13,12 @@ pub const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
 /// CUBIC's β = 717/1024 ≈ 0.7 (`beta` in tcp_cubic.c).
 const CUBIC_BETA: u32 = 717;
 const BETA_SCALE: u32 = 1024;
-/// CUBIC's C = 0.4 segments/s³ (`bic_scale` 41 in tcp_cubic.c).
-const CUBIC_C: f64 = 0.4;
+/// CUBIC's time unit: 1/2^10 s (`BICTCP_HZ`).
+const BICTCP_HZ: u32 = 10;
+/// C = 0.4 segments/s³ as tcp_cubic.c scales it: `bic_scale` (41/1024) times 10.
+const CUBE_RTT_SCALE: u64 = 41 * 10;
+/// `cube_factor`: K = ∛(cube_factor·(W_max − cwnd)) comes out in 1/1024 s.
+const CUBE_FACTOR: u64 = (1 << (10 + 3 * BICTCP_HZ)) / (41 * 10);
 
 #[derive(Clone, Debug)]
 pub struct Window {
@@ -36,8 +40,8 @@ struct Cubic {
     last_cwnd: u32,
     last_time: u64,
     origin_point: u32,
-    /// Time to reach `origin_point`, seconds.
-    k: f64,
+    /// Time to reach `origin_point`, 1/1024 s (`bic_K`).
+    k: u64,
     /// Minimum RTT, jiffies.
     delay_min: u64,
     epoch_start: Option<u64>,
@@ -136,6 +140,12 @@ impl Window {
     }
 
     /// `bictcp_update`: how many acknowledged segments earn one more segment of window.
+    ///
+    /// In the kernel's fixed point, on purpose: time in 1/1024 s, the curve's offset truncated
+    /// to whole segments. At the small windows of request-response traffic the truncation is
+    /// what decides: after a cut from 4 to 2 segments the curve's target is still 3 (the
+    /// offset, 0.95 of a segment, truncates to 0), so the window grows on the next ACKs, where
+    /// exact arithmetic (target 2.05) would leave it at 2 for seconds.
     fn cubic_update(&mut self, acked: u32, now: u64, min_rtt_jiffies: u64) -> u32 {
         let cwnd = self.cwnd;
         let c = &mut self.cubic;
@@ -145,10 +155,13 @@ impl Window {
             c.delay_min.min(min_rtt_jiffies)
         };
         c.ack_cnt += acked;
-        // Linux recomputes at most once per jiffy, and keeps `cnt` for 1/32 s while cwnd holds.
-        let fresh = !(c.last_cwnd == cwnd && now.saturating_sub(c.last_time) <= hz_div(32));
-        let recompute = fresh && !(c.epoch_start.is_some() && now == c.last_time);
-        if recompute {
+        // While cwnd holds, Linux keeps `cnt` as it is for 1/32 s: not even the Reno-friendly
+        // estimate below moves (the ACKs are only counted).
+        if c.last_cwnd == cwnd && now.saturating_sub(c.last_time) <= hz_div(32) {
+            return c.cnt;
+        }
+        // The cubic curve itself is recomputed at most once per jiffy.
+        if !(c.epoch_start.is_some() && now == c.last_time) {
             c.last_cwnd = cwnd;
             c.last_time = now;
             if c.epoch_start.is_none() {
@@ -156,23 +169,17 @@ impl Window {
                 c.ack_cnt = acked;
                 c.tcp_cwnd = cwnd;
                 if c.last_max_cwnd <= cwnd {
-                    c.k = 0.0;
+                    c.k = 0;
                     c.origin_point = cwnd;
                 } else {
-                    c.k = (f64::from(c.last_max_cwnd - cwnd) / CUBIC_C).cbrt();
+                    c.k = cube_root(CUBE_FACTOR * u64::from(c.last_max_cwnd - cwnd));
                     c.origin_point = c.last_max_cwnd;
                 }
             }
             let start = c.epoch_start.unwrap_or(now);
-            let t = (now - start + c.delay_min) as f64 / f64::from(super::tcp::HZ);
-            let offs = (t - c.k).abs();
-            let delta = CUBIC_C * offs * offs * offs;
-            let target = if t < c.k {
-                f64::from(c.origin_point) - delta
-            } else {
-                f64::from(c.origin_point) + delta
-            };
-            let target = target.max(0.0) as u32;
+            // Jiffies to 1/1024 s, as `t <<= BICTCP_HZ; do_div(t, HZ)`.
+            let t = ((now - start + c.delay_min) << BICTCP_HZ) / u64::from(super::tcp::HZ);
+            let target = cubic_target(c.origin_point, c.k, t);
             c.cnt = if target > cwnd {
                 cwnd / (target - cwnd)
             } else {
@@ -199,6 +206,37 @@ impl Window {
         c.cnt = c.cnt.max(2);
         c.cnt
     }
+}
+
+/// The curve W(t) = W_max + C·(t − K)³ at `t` (1/1024 s since the epoch began), as
+/// `bictcp_update` computes it: the offset C·|t − K|³ in u64 that wraps, truncated to whole
+/// segments, so the target sits on W_max while the offset is under one segment.
+fn cubic_target(origin: u32, k: u64, t: u64) -> u32 {
+    let offs = t.abs_diff(k);
+    let delta = (CUBE_RTT_SCALE
+        .wrapping_mul(offs)
+        .wrapping_mul(offs)
+        .wrapping_mul(offs)
+        >> (10 + 3 * BICTCP_HZ)) as u32;
+    if t < k {
+        origin.wrapping_sub(delta)
+    } else {
+        origin.wrapping_add(delta)
+    }
+}
+
+/// ⌊∛x⌋. The kernel's `cubic_root` approximates this (a table and one Newton step, within
+/// 0.2 %); K is in 1/1024 s, so the two differ by at most a few milliseconds of the curve.
+fn cube_root(x: u64) -> u64 {
+    let mut r = (x as f64).cbrt() as u64;
+    // Mend the float's rounding in either direction.
+    while r > 0 && r.saturating_mul(r).saturating_mul(r) > x {
+        r -= 1;
+    }
+    while (r + 1).saturating_mul(r + 1).saturating_mul(r + 1) <= x {
+        r += 1;
+    }
+    r
 }
 
 /// `HZ / n` in jiffies.
@@ -240,7 +278,9 @@ mod tests {
         assert_eq!(w.cwnd, 21);
     }
 
-    /// After a loss, CUBIC climbs back to the old maximum in K = ∛(W_max·(1−β)/C) seconds.
+    /// After a loss, CUBIC's curve climbs back to the old maximum in K = ∛(W_max·(1−β)/C)
+    /// seconds; the kernel's truncated offset reaches it ∛(1/C) ≈ 1.36 s before K, and the
+    /// target is one RTT ahead of the clock.
     #[test]
     fn cubic_regains_its_maximum_after_k_seconds() {
         let mut w = Window::new(CongestionControl::Cubic, 100);
@@ -264,10 +304,33 @@ mod tests {
             now += rtt;
         }
         let k = (30.0f64 / 0.4).cbrt();
+        let expected = k - (1.0f64 / 0.4).cbrt() - 0.1;
         let t = reached.expect("regains W_max");
         assert!(
-            (t - k).abs() < 0.15 * k,
-            "reached W_max after {t:.2} s, K = {k:.2} s"
+            (t - expected).abs() < 0.15 * expected,
+            "reached W_max after {t:.2} s, expected {expected:.2} s (K = {k:.2} s)"
         );
+    }
+
+    /// The curve in the kernel's fixed point: W_max = 100 cut to 70 gives K = ∛(30/C) = 4.216 s
+    /// (4316/1024); the offset truncates to whole segments.
+    #[test]
+    fn cubic_target_truncates_its_offset_as_the_kernel_does() {
+        let k = cube_root(CUBE_FACTOR * 30);
+        assert_eq!(k, 4316);
+        let at = |secs: f64| cubic_target(100, k, (secs * 1024.0) as u64);
+        // At t = 0 the offset is 29.98 segments: 29.
+        assert_eq!(at(0.0), 71);
+        // 0.4·(4.216 − 2)³ = 4.36: four segments below.
+        assert_eq!(at(2.0), 96);
+        // Within ∛(1/C) ≈ 1.36 s of K on either side the offset is under one segment.
+        assert_eq!(at(3.0), 100);
+        assert_eq!(at(5.4), 100);
+        // 0.4·2³ = 3.2 above.
+        assert_eq!(at(4.216 + 2.0), 103);
+        // A window cut from 4 to 2 (W_max 3 after fast convergence) starts with its target
+        // still at 3, one RTT (20 ms) in: the offset 0.95 truncates to 0.
+        let k = cube_root(CUBE_FACTOR);
+        assert_eq!(cubic_target(3, k, 20), 3);
     }
 }

@@ -36,10 +36,11 @@ const DUPTHRESH: u32 = 3;
 const RTO_MAX: Duration = Duration::from_secs(120);
 /// `TCP_TIMEOUT_INIT`: the RTO before any RTT sample.
 const TIMEOUT_INIT: Duration = Duration::from_secs(1);
-/// `TCP_TIMEOUT_MIN`: two jiffies, the floor of the RACK reordering timer's slack.
-const TIMEOUT_MIN_JIFFIES: u64 = 2;
-/// `TCP_TIMEOUT_MIN_US`: what a loss probe waits beyond 2·SRTT with several segments out.
-const TLP_MIN: Duration = Duration::from_millis(2);
+/// `TCP_TIMEOUT_MIN_US`: the slack a loss probe waits beyond 2·SRTT with several segments out,
+/// and the RACK reordering timer beyond its window. Added before the conversion to jiffies, as
+/// current kernels do (older ones added two whole jiffies: 8 ms at HZ 250, which made a lone
+/// hole wait 16–20 ms instead of the 8–12 ms the kernel measured here does).
+const TIMEOUT_MIN: Duration = Duration::from_millis(2);
 /// Linux gives up on a segment after `tcp_retries2` = 15 retransmissions; the model delivers it
 /// then rather than lose bytes.
 const MAX_TRANSMISSIONS: u32 = 16;
@@ -472,7 +473,7 @@ impl Sender {
                     + if packets_out == 1 {
                         self.rto_min
                     } else {
-                        TLP_MIN
+                        TIMEOUT_MIN
                     },
             ),
             None => Jiffies::ceil(TIMEOUT_INIT),
@@ -838,10 +839,7 @@ impl Sender {
         if wait.is_zero() {
             return false;
         }
-        self.arm(
-            TimerKind::Reorder,
-            Jiffies::ceil(wait) + TIMEOUT_MIN_JIFFIES,
-        );
+        self.arm(TimerKind::Reorder, Jiffies::ceil(wait + TIMEOUT_MIN));
         true
     }
 
@@ -1063,15 +1061,15 @@ mod tests {
     }
 
     /// A hole with two later segments SACKed waits out RACK's reordering window (min_rtt/4) plus
-    /// two jiffies; with three or more SACKed it is resent on the third SACK.
+    /// 2 ms; with three or more SACKed it is resent on the third SACK.
     #[test]
     fn a_hole_is_resent_after_the_reordering_window_or_on_the_third_sack() {
         let mut s = sender();
         let mut p = path(&[0]);
         let a = flight(&mut s, &mut p, Duration::ZERO, 3);
-        // SACKs at 20 ms; the hole is due at 0 + 20 + 5 ms: a timer of ⌈5 ms⌉ + 2 jiffies.
-        let retransmit = 20 * MS + timer(20 * MS, 5 * MS + Jiffies::duration(2));
-        assert_eq!(a[0].at, retransmit + 10 * MS);
+        // SACKs at 20 ms; the hole is due at 0 + 20 + 5 ms: a timer of ⌈(5 + 2) ms⌉ = 2 jiffies,
+        // fired on the tick after: 12 ms later, resent at 32 ms.
+        assert_eq!(a[0].at, 32 * MS + 10 * MS);
 
         let mut s = sender();
         let mut p = path(&[0]);
