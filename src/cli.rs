@@ -274,7 +274,8 @@ pub struct ProxyArgs {
     pub max_connections: Option<usize>,
     /// How the network is emulated: `model` (the fault model: deterministic, unprivileged) or
     /// `kernel` (each connection crosses real kernel TCP over the link engine; needs
-    /// CAP_NET_ADMIN).
+    /// CAP_NET_ADMIN). With --api it is the --upstream proxy's; a proxy created over the API
+    /// or in --config names its own (`"engine": "kernel"`), and its toxics retune the link.
     #[arg(long, value_parser = Engine::parse, default_value = "model")]
     pub engine: Engine,
 }
@@ -672,6 +673,7 @@ fn proxy(args: ProxyArgs) -> Result<(), CliError> {
 fn control_api(args: ProxyArgs) -> Result<(), CliError> {
     use crate::api::{ProxySpec, Registry, RegistryOptions};
     let profile = load_profile(&args.profile, "--profile")?;
+    check_engine(args.engine, &profile, &args.profile)?;
     // Everything given at start is checked before anything listens.
     let mut specs = Vec::new();
     if let Some(path) = &args.config {
@@ -693,6 +695,7 @@ fn control_api(args: ProxyArgs) -> Result<(), CliError> {
             upstream: upstream.clone(),
             enabled: true,
             base: profile,
+            engine: args.engine,
         });
     }
     let registry = std::sync::Arc::new(Registry::new(RegistryOptions {

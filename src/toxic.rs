@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::fault::{Direction, HandshakeLoss, PathTiming};
@@ -97,6 +97,20 @@ impl ToxicKind {
             ToxicKind::Profile { .. } => "profile",
             ToxicKind::Noop => "noop",
         }
+    }
+
+    /// Whether the toxic describes the path (delay, rate, loss, a whole profile) rather than
+    /// what happens to one connection's bytes or handshake. Only these can run on the kernel
+    /// engine, whose connections share one real link.
+    pub fn shapes_the_path(&self) -> bool {
+        matches!(
+            self,
+            ToxicKind::Latency { .. }
+                | ToxicKind::Bandwidth { .. }
+                | ToxicKind::Loss { .. }
+                | ToxicKind::Profile { .. }
+                | ToxicKind::Noop
+        )
     }
 }
 
@@ -187,6 +201,13 @@ impl Draws {
         self.drawn.push((toxic.name.clone(), toxic.revision, on));
         on
     }
+}
+
+/// The path `toxics` make of `base` on the kernel engine. Every toxic applies: the control API
+/// accepts only path toxics at toxicity 1 on such a proxy, so no draw is ever made.
+pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
+    let mut every = Draws::new(ChaCha8Rng::seed_from_u64(0));
+    resolve(base, toxics, &mut every).profile
 }
 
 /// What `toxics` do to a connection of a proxy whose own impairment is `base`, given its draws.

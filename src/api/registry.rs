@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::toxics::ToxicEntry;
 use super::ApiError;
 use crate::fault::Direction;
+use crate::link::Engine;
 use crate::profile::Profile;
 use crate::proxy::{Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_WINDOW};
 use crate::toxic::Toxic;
@@ -56,6 +57,9 @@ pub struct ProxySpec {
     /// The proxy's own impairment under its toxics (`local` over the API; `--profile` for the
     /// proxy named on the command line).
     pub base: Profile,
+    /// `model` (the default) or `kernel`: real kernel TCP over the link engine, whose path the
+    /// toxics retune live.
+    pub engine: Engine,
 }
 
 impl ProxySpec {
@@ -101,12 +105,22 @@ impl ProxySpec {
                 )))
             }
         };
+        let engine = match text("engine")?.as_str() {
+            "" | "model" => Engine::Model,
+            "kernel" => Engine::Kernel,
+            other => {
+                return Err(ApiError::bad_body(&format!(
+                    "engine must be \"model\" or \"kernel\", got \"{other}\""
+                )))
+            }
+        };
         Ok(ProxySpec {
             name,
             listen,
             upstream,
             enabled,
             base: Profile::builtin("local").expect("built in"),
+            engine,
         })
     }
 }
@@ -123,6 +137,7 @@ struct Managed {
     listen: String,
     upstream: String,
     base: Profile,
+    engine: Engine,
     /// In the order they were added; each direction applies its own in this order.
     toxics: Vec<ToxicEntry>,
     /// What connections follow: a change here reaches every live connection.
@@ -139,6 +154,7 @@ impl Managed {
             listen: spec.listen.clone(),
             upstream: spec.upstream.clone(),
             base: spec.base.clone(),
+            engine: spec.engine,
             toxics: Vec::new(),
             published: watch::channel(Arc::new(Vec::new())).0,
             stats: Arc::default(),
@@ -176,6 +192,12 @@ impl Managed {
             },
             self.stats.clone(),
         );
+        let proxy = match self.engine {
+            Engine::Kernel => proxy.with_kernel_engine().await.map_err(|e| {
+                ApiError::new(500, &format!("proxy {}: the kernel engine: {e}", self.name))
+            })?,
+            _ => proxy,
+        };
         let stop = CancellationToken::new();
         let task = tokio::spawn(proxy.run(listener, stop.clone().cancelled_owned()));
         tracing::info!(proxy = %self.name, listen = %self.listen, upstream = %self.upstream, "started");
@@ -224,8 +246,33 @@ impl Managed {
             "listen": self.listen,
             "upstream": self.upstream,
             "enabled": self.enabled(),
+            "engine": self.engine.as_str(),
             "toxics": self.toxics_json(),
         })
+    }
+
+    /// A kernel-engine proxy's connections share one real link: a toxic there must describe
+    /// the path and apply to every connection.
+    fn admits(&self, toxic: &Toxic) -> Result<(), ApiError> {
+        if self.engine != Engine::Kernel {
+            return Ok(());
+        }
+        if !toxic.kind.shapes_the_path() {
+            return Err(ApiError::bad_body(&format!(
+                "toxic type {} cannot run on proxy {} (engine kernel): its connections share one \
+                 real link, which takes latency, bandwidth, loss, profile and noop toxics",
+                toxic.kind.type_name(),
+                self.name
+            )));
+        }
+        if toxic.toxicity < 1.0 {
+            return Err(ApiError::bad_body(&format!(
+                "toxicity {} cannot run on proxy {} (engine kernel): its connections share one \
+                 real link, so a toxic applies to all of them or none",
+                toxic.toxicity, self.name
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -412,6 +459,7 @@ impl Registry {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let entry = ToxicEntry::create(&body?, self.revision())?;
+        p.admits(&entry.toxic)?;
         if p.toxics.iter().any(|e| e.toxic.name == entry.toxic.name) {
             return Err(ApiError::new(409, "toxic already exists"));
         }
@@ -439,6 +487,7 @@ impl Registry {
         let p = found(proxies.get_mut(name))?;
         let i = p.find_toxic(toxic)?;
         let next = p.toxics[i].update(&body?, self.revision())?;
+        p.admits(&next.toxic)?;
         let json = next.to_json();
         p.toxics[i] = next;
         p.publish();

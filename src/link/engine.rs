@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tun_rs::{AsyncDevice, DeviceBuilder, SyncDevice};
 
@@ -112,6 +112,8 @@ pub struct Addrs {
 pub struct Link {
     pub addrs: Addrs,
     stats: Arc<LinkStats>,
+    /// The profile both directions follow; [`Link::retune`] changes it under running traffic.
+    profile: watch::Sender<Arc<Profile>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -131,6 +133,7 @@ impl Link {
         let dev_b = Arc::new(AsyncDevice::new(create_device(b, addrs.b, addrs.a).await?)?);
         let stats = Arc::new(LinkStats::default());
         let base = Instant::now();
+        let (retune, _) = watch::channel(Arc::new(profile.clone()));
         let mut tasks = Vec::with_capacity(4);
         for (dir, params, src, dst) in [
             (Direction::Upstream, &profile.upstream, &dev_a, &dev_b),
@@ -142,7 +145,10 @@ impl Link {
             tasks.push(tokio::spawn(read_loop(
                 src.clone(),
                 queue.clone(),
-                impairment,
+                Impairment {
+                    now: impairment,
+                    retune: retune.subscribe(),
+                },
                 base,
                 counters.clone(),
                 dir,
@@ -158,8 +164,16 @@ impl Link {
         Ok(Link {
             addrs,
             stats,
+            profile: retune,
             tasks,
         })
+    }
+
+    /// From the next packet on, each direction follows `profile`'s impairment. Its random
+    /// streams, loss state and bottleneck backlog carry on, so a change is a change of the
+    /// path, not a new path; packets already on their way keep the delivery time they drew.
+    pub fn retune(&self, profile: &Profile) {
+        self.profile.send_replace(Arc::new(profile.clone()));
     }
 
     /// The live counters.
@@ -279,10 +293,16 @@ impl Queue {
     }
 }
 
+/// One direction's impairment, and where a retuned profile comes from.
+struct Impairment {
+    now: PacketImpairment,
+    retune: watch::Receiver<Arc<Profile>>,
+}
+
 async fn read_loop(
     src: Arc<AsyncDevice>,
     queue: Arc<Queue>,
-    mut impairment: PacketImpairment,
+    mut impairment: Impairment,
     base: Instant,
     stats: Arc<LinkStats>,
     dir: Direction,
@@ -308,7 +328,14 @@ async fn read_loop(
             let fate = if buf[0] >> 4 == 4 {
                 counters.packets.fetch_add(1, Ordering::Relaxed);
                 counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                Some(impairment.packet(now, n))
+                if impairment.retune.has_changed().unwrap_or(false) {
+                    let profile = impairment.retune.borrow_and_update().clone();
+                    impairment.now.retune(match dir {
+                        Direction::Upstream => &profile.upstream,
+                        Direction::Downstream => &profile.downstream,
+                    });
+                }
+                Some(impairment.now.packet(now, n))
             } else {
                 None
             };

@@ -82,6 +82,11 @@ impl PacketImpairment {
         }
     }
 
+    /// New parameters for the packets from now on (see [`super::Link::retune`]).
+    pub fn retune(&mut self, params: &LinkParams) {
+        self.params = params.clone();
+    }
+
     /// The fate of a packet of `len` bytes that arrived at `now`.
     pub fn packet(&mut self, now: Duration, len: usize) -> Fate {
         // Draws first, the same number for every packet.

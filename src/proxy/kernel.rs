@@ -73,6 +73,11 @@ impl KernelPath {
         })
     }
 
+    /// From now on the link follows `profile` (see [`crate::link::Link::retune`]).
+    pub fn retune(&self, profile: &Profile) {
+        self.pair.link.retune(profile);
+    }
+
     /// The link's counters.
     pub fn link_stats(&self) -> Arc<LinkStats> {
         self.pair.link.stats()

@@ -166,7 +166,9 @@ struct Shared {
     options: ProxyOptions,
     stats: Arc<ProxyStats>,
     /// The kernel engine's namespaces and link, when this proxy uses it.
-    kernel: Option<KernelPath>,
+    kernel: Option<Arc<KernelPath>>,
+    /// Retunes the kernel engine's link as live toxics change; stops with the proxy.
+    _follow_toxics: Option<tokio_util::task::AbortOnDropHandle<()>>,
     /// Unreachable-upstream warnings: one line a second at most, however many clients fail.
     refusals: Mutex<crate::net::Throttle>,
 }
@@ -201,20 +203,40 @@ impl Proxy {
                 options,
                 stats,
                 kernel: None,
+                _follow_toxics: None,
                 refusals: Mutex::new(crate::net::Throttle::new()),
             }),
         }
     }
 
     /// Moves this proxy onto the kernel engine: sets up its namespace pair and link now, so a
-    /// missing privilege is reported before anything listens. Only for a fixed profile.
+    /// missing privilege is reported before anything listens. Under live toxics the link
+    /// follows them: each change retunes the whole path (every connection shares it), so only
+    /// toxics that describe the path belong there ([`crate::toxic::ToxicKind::shapes_the_path`]);
+    /// the control API refuses the rest on such a proxy.
     pub async fn with_kernel_engine(mut self) -> Result<Proxy, NamespaceError> {
         let shared = Arc::get_mut(&mut self.shared).expect("a new proxy is not shared yet");
-        let Faults::Fixed(profile) = &shared.faults else {
-            panic!("the kernel engine takes a fixed profile");
+        let (profile, toxics) = match &shared.faults {
+            Faults::Fixed(profile) => (profile.clone(), None),
+            Faults::Live { base, toxics } => {
+                let list = toxics.borrow().clone();
+                (toxic::resolve_path(base, &list), Some(toxics.clone()))
+            }
         };
-        let path = KernelPath::new(profile, shared.options.seed, &shared.options.name).await?;
+        let path =
+            Arc::new(KernelPath::new(&profile, shared.options.seed, &shared.options.name).await?);
         let _ = shared.stats.link.set(path.link_stats());
+        if let (Some(mut toxics), Faults::Live { base, .. }) = (toxics, &shared.faults) {
+            let (base, follower) = (base.clone(), path.clone());
+            shared._follow_toxics = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                async move {
+                    while toxics.changed().await.is_ok() {
+                        let list = toxics.borrow_and_update().clone();
+                        follower.retune(&toxic::resolve_path(&base, &list));
+                    }
+                },
+            )));
+        }
         shared.kernel = Some(path);
         Ok(self)
     }

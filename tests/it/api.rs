@@ -640,3 +640,90 @@ fn the_toxiproxy_python_client_drives_faultrig() {
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("python client: ok"));
 }
+
+/// A proxy created with `"engine": "kernel"` carries its connections over real kernel TCP, and
+/// its path toxics retune the link under a connection that stays open; toxics that need one
+/// connection's bytes, or a per-connection draw, are refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_engine_proxy_follows_its_path_toxics_live() {
+    if !privileged("api::a_kernel_engine_proxy_follows_its_path_toxics_live") {
+        return;
+    }
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let create = |engine: &str| json!({"name": "k", "upstream": echo.to_string(), "listen": "127.0.0.1:0", "engine": engine});
+    let (status, message) = api
+        .call(Method::POST, "/proxies", Some(create("link")))
+        .await
+        .unwrap_err();
+    assert_eq!(status, 400);
+    assert!(message.contains("engine"), "{message}");
+    let p = api
+        .call(Method::POST, "/proxies", Some(create("kernel")))
+        .await
+        .unwrap();
+    assert_eq!(p["engine"], "kernel");
+    let mut conn = tokio::net::TcpStream::connect(p["listen"].as_str().unwrap())
+        .await
+        .unwrap();
+    async fn median_rtt(conn: &mut tokio::net::TcpStream) -> Duration {
+        let mut rtts = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            conn.write_all(&[7u8; 64]).await.unwrap();
+            let mut buf = [0u8; 64];
+            conn.read_exact(&mut buf).await.unwrap();
+            assert_eq!(buf, [7u8; 64]);
+            rtts.push(start.elapsed());
+        }
+        rtts.sort();
+        rtts[2]
+    }
+    let clean = median_rtt(&mut conn).await;
+    assert!(clean < Duration::from_millis(30), "no toxic yet: {clean:?}");
+
+    // 40 ms on the server's replies: the same connection feels it from the next packet on.
+    api.toxic(
+        "k",
+        json!({"type": "latency", "stream": "downstream", "attributes": {"latency": 40}}),
+    )
+    .await;
+    let slowed = median_rtt(&mut conn).await;
+    assert!(
+        slowed >= Duration::from_millis(40)
+            && slowed < Duration::from_millis(40) + clean * 4 + Duration::from_millis(40),
+        "latency 40 ms on the link: {slowed:?} (clean {clean:?})"
+    );
+
+    for (body, says) in [
+        (
+            json!({"type": "slicer", "attributes": {"average_size": 10}}),
+            "slicer",
+        ),
+        (
+            json!({"type": "latency", "name": "half", "toxicity": 0.5, "attributes": {"latency": 5}}),
+            "toxicity",
+        ),
+    ] {
+        let (status, message) = api
+            .call(Method::POST, "/proxies/k/toxics", Some(body))
+            .await
+            .unwrap_err();
+        assert_eq!(status, 400);
+        assert!(
+            message.contains(says) && message.contains("engine kernel"),
+            "{message}"
+        );
+    }
+
+    api.call(Method::DELETE, "/proxies/k/toxics/latency_downstream", None)
+        .await
+        .unwrap();
+    let again = median_rtt(&mut conn).await;
+    assert!(
+        again < Duration::from_millis(30),
+        "toxic removed: {again:?}"
+    );
+    api.call(Method::DELETE, "/proxies/k", None).await.unwrap();
+}
