@@ -5,7 +5,8 @@
 //! 1. 64-byte ping-pong RTT, direct vs through `faultrig proxy` (profile `local`).
 //! 2. Bulk throughput, direct vs through the proxy (`local`, and a 10 ms delay profile).
 //! 3. Delay precision: RTT minus the configured 2×delay, for 250 µs, 1 ms and 10 ms.
-//! 4. RSS of the proxy process holding 10,000 idle connections.
+//! 4. RSS per idle connection of the proxy process holding 10,000 of them, per path (copy,
+//!    scheduled model, control-API proxy), beside a plain tokio copy proxy as the floor.
 //!
 //! Traffic stays on 127.0.0.1; every child process is killed when the bench ends.
 
@@ -26,10 +27,18 @@ fn main() {
     if args.iter().any(|a| a == "--hold-server") {
         return hold_server_main();
     }
+    if let Some(i) = args.iter().position(|a| a == "--floor-proxy") {
+        return floor_proxy_main(args[i + 1].parse().expect("--floor-proxy UPSTREAM"));
+    }
     let quick = args.iter().any(|a| a == "--quick");
     // Cargo builds the binary with the bench (same profile and features as the tests, so CI
     // does not build the library twice).
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_faultrig"));
+    // `--faultrig PATH` measures another build instead (a before/after comparison with the same
+    // bench).
+    let bin = args.iter().position(|a| a == "--faultrig").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_faultrig")),
+        |i| PathBuf::from(&args[i + 1]),
+    );
     raise_fd_limit();
     let dir = tempfile::tempdir().expect("temp dir");
     let scale = if quick { 4 } else { 1 };
@@ -103,16 +112,17 @@ struct ProxyProcess {
 
 impl ProxyProcess {
     fn start(bin: &Path, upstream: SocketAddr, profile: &str, extra: &[&str]) -> ProxyProcess {
-        let mut child = Command::new(bin)
-            .args([
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                &upstream.to_string(),
-            ])
-            .args(["--profile", profile])
-            .args(extra)
+        let upstream = upstream.to_string();
+        let mut args = vec!["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream];
+        args.extend(["--profile", profile]);
+        args.extend(extra);
+        ProxyProcess::spawn(bin, &args)
+    }
+
+    /// Runs `program args…`, a proxy that prints "… listening on ADDR …" as its first line.
+    fn spawn(program: &Path, args: &[&str]) -> ProxyProcess {
+        let mut child = Command::new(program)
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()
@@ -510,8 +520,61 @@ fn fd_limit() -> u64 {
         .1
 }
 
+/// The floor for any tokio proxy: one task per connection, each direction waiting for its
+/// socket to be readable and allocating its buffer only then. Runs as a child process (this
+/// bench binary with `--floor-proxy UPSTREAM`) and prints its address as `faultrig proxy`
+/// does, so both are measured the same way (it has the system allocator, faultrig mimalloc).
+fn floor_proxy_main(upstream: SocketAddr) {
+    raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("floor proxy listening on {}", l.local_addr().unwrap());
+        loop {
+            let Ok((client, _)) = l.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                tokio::join!(floor_copy(&client, &server), floor_copy(&server, &client));
+            });
+        }
+    });
+}
+
+async fn floor_copy(from: &tokio::net::TcpStream, to: &tokio::net::TcpStream) {
+    loop {
+        if from.readable().await.is_err() {
+            return;
+        }
+        let mut buf = vec![0u8; 64 << 10];
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        };
+        let mut data = &buf[..n];
+        while !data.is_empty() {
+            if to.writable().await.is_err() {
+                return;
+            }
+            match to.try_write(data) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 fn memory(bin: &Path, wanted: usize) {
-    // The proxy needs two descriptors per connection; where the hard limit cannot be raised
+    // Each proxy needs two descriptors per connection; where the hard limit cannot be raised
     // (no CAP_SYS_RESOURCE), hold as many as it allows and say so.
     let limit = fd_limit() as usize;
     let conns = wanted.min(limit.saturating_sub(64) / 2);
@@ -520,12 +583,33 @@ fn memory(bin: &Path, wanted: usize) {
         println!("   (the hard descriptor limit here is {limit}: a proxy process can hold at most {conns})");
     }
     println!(
-        "   {:<18} {:>10} {:>12} {:>10} {:>14} {:>16}",
-        "profile", "idle KiB", "loaded KiB", "peak KiB", "per conn bytes", "at 10,000 MiB"
+        "   {:<34} {:>9} {:>11} {:>9} {:>14} {:>14}",
+        "path", "idle KiB", "loaded KiB", "peak KiB", "KiB per conn", "at 10,000 MiB"
     );
-    for profile in ["local", "lossy-10ms-1pct"] {
+    let faultrig = |profile: &'static str, api: bool| {
+        move |upstream: SocketAddr| {
+            // A control-API proxy with no toxics: what noxious and Toxiproxy are compared on.
+            let extra: &[&str] = if api { &["--api", "127.0.0.1:0"] } else { &[] };
+            ProxyProcess::start(bin, upstream, profile, extra)
+        }
+    };
+    let floor = |upstream: SocketAddr| {
+        let exe = std::env::current_exe().unwrap();
+        ProxyProcess::spawn(&exe, &["--floor-proxy", &upstream.to_string()])
+    };
+    type Start<'a> = Box<dyn Fn(SocketAddr) -> ProxyProcess + 'a>;
+    let paths: [(&str, Start); 4] = [
+        ("floor: plain tokio copy proxy", Box::new(floor)),
+        ("copy (--profile local)", Box::new(faultrig("local", false))),
+        (
+            "model (--profile lossy-10ms-1pct)",
+            Box::new(faultrig("lossy-10ms-1pct", false)),
+        ),
+        ("API proxy, no toxics", Box::new(faultrig("local", true))),
+    ];
+    for (name, start) in paths {
         let server = HoldServer::start();
-        let proxy = ProxyProcess::start(bin, server.addr, profile, &[]);
+        let proxy = start(server.addr);
         thread::sleep(Duration::from_millis(200));
         let (idle, _) = proxy.rss_kib();
         let mut clients = Vec::with_capacity(conns);
@@ -539,15 +623,15 @@ fn memory(bin: &Path, wanted: usize) {
         thread::sleep(Duration::from_millis(300));
         let (rss, hwm) = proxy.rss_kib();
         let reached = server.accepted.load(Ordering::SeqCst);
-        let per_conn = (rss.saturating_sub(idle) * 1024) as f64 / conns as f64;
+        let per_conn = rss.saturating_sub(idle) as f64 / conns as f64;
         println!(
-            "   {:<18} {:>10} {:>12} {:>10} {:>14.0} {:>16.1}{}",
-            profile,
+            "   {:<34} {:>9} {:>11} {:>9} {:>14.1} {:>14.1}{}",
+            name,
             idle,
             rss,
             hwm,
             per_conn,
-            (idle as f64 * 1024.0 + per_conn * 10_000.0) / (1 << 20) as f64,
+            (idle as f64 + per_conn * 10_000.0) / 1024.0,
             if reached < conns {
                 format!("  (only {reached} reached the server)")
             } else {
@@ -556,7 +640,7 @@ fn memory(bin: &Path, wanted: usize) {
         );
         drop(clients);
     }
-    println!("   target ≤ 200 MiB for 10,000 connections");
+    println!("   target ≤ 10 KiB per connection on every path (≤ 100 MiB for 10,000)");
 }
 
 /// 10,000 connections need ~20,000 descriptors here and as many in the proxy; raise the hard

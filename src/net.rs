@@ -243,10 +243,10 @@ where
                 Ok(slot) => {
                     keep_alive(&stream);
                     let connection = handle(stream, peer, cancel.child_token());
-                    tasks.spawn(async move {
-                        connection.await;
-                        drop(slot);
-                    });
+                    // `map`, not an async block awaiting it: the block would hold the future
+                    // twice (captured, and again while awaited), doubling every connection's
+                    // task.
+                    tasks.spawn(connection.map(move |()| drop(slot)));
                 }
                 Err(_) => {
                     refuse(stream);

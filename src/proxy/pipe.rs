@@ -53,16 +53,23 @@ pub struct Ends<'a> {
 
 /// Unimpaired profiles: copy bytes as soon as they are read.
 pub async fn copy_both(ends: Ends<'_>) {
-    let up = copy(ends.client, ends.upstream, &ends.stats.upstream, ends.abort);
-    let down = copy(
-        ends.upstream,
-        ends.client,
-        &ends.stats.downstream,
-        ends.abort,
-    );
+    let Ends {
+        client,
+        upstream,
+        stats,
+        abort,
+    } = ends;
+    // The copies are made inside the pinned block, not bound first and moved in: a moved
+    // future keeps its first slot in the task as well, doubling its size.
+    let work = std::pin::pin!(async {
+        tokio::join!(
+            copy(client, upstream, &stats.upstream, abort),
+            copy(upstream, client, &stats.downstream, abort),
+        )
+    });
     tokio::select! {
-        _ = async { tokio::join!(up, down) } => {}
-        _ = ends.abort.cancelled() => {}
+        _ = work => {}
+        _ = abort.cancelled() => {}
     }
 }
 
@@ -82,11 +89,11 @@ async fn copy(src: &TcpStream, dst: &TcpStream, stats: &DirectionStats, abort: &
 }
 
 /// Toxics that may change while the connection is open (the control API's proxies).
-pub struct Live {
+pub struct Live<'a> {
     /// The proxy's toxic list; every change is resolved again for this connection.
     pub toxics: watch::Receiver<Arc<Vec<Toxic>>>,
-    /// The proxy's own impairment, under the toxics.
-    pub base: Profile,
+    /// The proxy's own impairment, under the toxics (the proxy's, not a copy per connection).
+    pub base: &'a Profile,
     /// This connection's toxicity draws.
     pub draws: Draws,
     /// What the toxics amounted to when the connection was accepted.
@@ -101,66 +108,81 @@ pub struct Live {
 /// timeout).
 pub async fn schedule_both(
     ends: Ends<'_>,
-    model: ConnectionModel,
+    mut model: Box<ConnectionModel>,
     epoch: Instant,
     window: usize,
-    live: Option<Live>,
+    live: Option<Box<Live<'_>>>,
 ) {
-    let ConnectionModel {
-        upstream: mut up_model,
-        downstream: mut down_model,
-        syn_losses,
-        synack_losses,
-        ..
-    } = model;
     let stats = ends.stats;
     stats
         .upstream
         .stalls
-        .fetch_add(u64::from(syn_losses), Ordering::Relaxed);
+        .fetch_add(u64::from(model.syn_losses), Ordering::Relaxed);
     stats
         .downstream
         .stalls
-        .fetch_add(u64::from(synack_losses), Ordering::Relaxed);
+        .fetch_add(u64::from(model.synack_losses), Ordering::Relaxed);
     enable_receive_timestamps(ends.client);
     enable_receive_timestamps(ends.upstream);
     let up = Direction::new(Dir::Upstream, window, epoch, &stats.upstream);
     let down = Direction::new(Dir::Downstream, window, epoch, &stats.downstream);
-    let (armed_tx, armed_rx) = mpsc::unbounded_channel();
-    let (mut supervisor, mut up_live, mut down_live) = (None, None, None);
-    let (mut up_hold, mut down_hold) = (None, None);
-    if let Some(live) = live {
-        let (tx, rx) = watch::channel(Arc::new(live.faults.clone()));
-        let [up_rng, down_rng] = live.slicer_rngs.clone();
+    let (mut sides, mut up_hold, mut down_hold) = (None, None, None);
+    // Everything only a live connection needs is created here, each direction's view in one
+    // allocation and the supervisor in another: the task itself holds only pointers, so a
+    // connection without live toxics pays nothing for them.
+    let supervisor = live.map(|live| {
+        let Live {
+            toxics,
+            base,
+            draws,
+            faults,
+            slicer_rngs: [up_rng, down_rng],
+        } = *live;
+        let faults = Arc::new(faults);
+        let (armed_tx, armed_rx) = mpsc::unbounded_channel();
+        let (tx, rx) = watch::channel(faults.clone());
         let side = |d: Dir, rng| LiveDirection {
             faults: rx.clone(),
-            current: live.faults.direction(d).clone(),
+            current: faults.direction(d).clone(),
             slicer_rng: rng,
             armed: armed_tx.clone(),
             carried: 0,
             slice_floor: None,
         };
-        up_live = Some(side(Dir::Upstream, up_rng));
-        down_live = Some(side(Dir::Downstream, down_rng));
+        sides = Some(Box::new([
+            side(Dir::Upstream, up_rng),
+            side(Dir::Downstream, down_rng),
+        ]));
         up_hold = Some(rx.clone());
         down_hold = Some(rx);
-        supervisor = Some((live, tx));
-    }
+        Box::pin(supervise(toxics, base, draws, tx, armed_rx))
+    });
+    let (up_live, down_live) = match sides.as_deref_mut() {
+        Some([up_side, down_side]) => (Some(up_side), Some(down_side)),
+        None => (None, None),
+    };
+    let ConnectionModel {
+        upstream: up_model,
+        downstream: down_model,
+        ..
+    } = &mut *model;
     let abort = ends.abort;
-    let work = async {
+    // The pipes are made inside the block, not bound first and moved in: a moved future keeps
+    // its first slot in the task as well.
+    let work = std::pin::pin!(async {
         tokio::join!(
-            up.read(ends.client, &mut up_model, up_live),
+            up.read(ends.client, up_model, up_live),
             up.write(ends.upstream, ends.client, abort, up_hold),
-            down.read(ends.upstream, &mut down_model, down_live),
+            down.read(ends.upstream, down_model, down_live),
             down.write(ends.client, ends.upstream, abort, down_hold),
         )
-    };
-    let supervise = async {
+    });
+    let supervise = std::pin::pin!(async {
         match supervisor {
-            Some((live, tx)) => supervise(live, tx, armed_rx).await,
+            Some(supervisor) => supervisor.await,
             None => std::future::pending().await,
         }
-    };
+    });
     tokio::select! {
         _ = work => {}
         _ = abort.cancelled() => {}
@@ -177,7 +199,9 @@ pub async fn schedule_both(
 /// and writers, and returns when a timed toxic (reset_peer, or timeout with a limit) says the
 /// connection must be reset.
 async fn supervise(
-    mut live: Live,
+    mut toxics: watch::Receiver<Arc<Vec<Toxic>>>,
+    base: &Profile,
+    mut draws: Draws,
     faults: watch::Sender<Arc<ConnectionFaults>>,
     mut armed: mpsc::UnboundedReceiver<(Dir, Instant)>,
 ) {
@@ -186,7 +210,7 @@ async fn supervise(
     let mut armed_at: [Option<Instant>; 2] = [None; 2];
     let now = Instant::now();
     for d in [Dir::Upstream, Dir::Downstream] {
-        if live.faults.direction(d).hold.is_some() {
+        if faults.borrow().direction(d).hold.is_some() {
             held_since[d as usize] = Some(now);
         }
     }
@@ -210,13 +234,13 @@ async fn supervise(
             }
         };
         tokio::select! {
-            changed = live.toxics.changed() => {
+            changed = toxics.changed() => {
                 if changed.is_err() {
                     // The proxy is gone; its shutdown closes this connection.
                     return std::future::pending().await;
                 }
-                let list = live.toxics.borrow_and_update().clone();
-                let next = toxic::resolve(&live.base, &list, &mut live.draws);
+                let list = toxics.borrow_and_update().clone();
+                let next = toxic::resolve(base, &list, &mut draws);
                 let now = Instant::now();
                 for d in [Dir::Upstream, Dir::Downstream] {
                     let (before, after) = (current.direction(d), next.direction(d));
@@ -315,7 +339,12 @@ impl<'a> Direction<'a> {
         self.pushed.notify_one();
     }
 
-    async fn read(&self, src: &TcpStream, model: &mut LinkModel, mut live: Option<LiveDirection>) {
+    async fn read(
+        &self,
+        src: &TcpStream,
+        model: &mut LinkModel,
+        mut live: Option<&mut LiveDirection>,
+    ) {
         let mut segments = Vec::new();
         loop {
             // Reserve room for a full read first: when the window is full we stop reading, and

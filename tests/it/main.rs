@@ -8,6 +8,7 @@ mod e2e;
 mod flavours;
 mod limits;
 mod link;
+mod memory;
 mod proxy;
 mod remote;
 mod run;
