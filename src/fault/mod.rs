@@ -513,9 +513,31 @@ pub(crate) fn draw_loss(
 /// number chosen by (connection ordinal, direction). ChaCha streams are independent, so two
 /// connections never share draws, and the same run seed always gives the same schedule.
 pub fn stream_rng(seed: u64, proxy: &str, ordinal: u64, direction: Direction) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(splitmix64(seed ^ fnv1a(proxy.as_bytes())));
-    rng.set_stream(ordinal.wrapping_mul(2).wrapping_add(direction as u64));
-    rng
+    StreamKey::new(seed, proxy, ordinal, direction).rng()
+}
+
+/// What [`stream_rng`] builds its stream from, in 16 bytes: for a stream that may never be
+/// drawn from, kept instead of the generator's few hundred bytes of buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamKey {
+    key: u64,
+    stream: u64,
+}
+
+impl StreamKey {
+    pub fn new(seed: u64, proxy: &str, ordinal: u64, direction: Direction) -> StreamKey {
+        StreamKey {
+            key: splitmix64(seed ^ fnv1a(proxy.as_bytes())),
+            stream: ordinal.wrapping_mul(2).wrapping_add(direction as u64),
+        }
+    }
+
+    /// The stream from its first draw.
+    pub fn rng(self) -> ChaCha8Rng {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.key);
+        rng.set_stream(self.stream);
+        rng
+    }
 }
 
 /// FNV-1a: a stable (release-independent) hash of the proxy name.

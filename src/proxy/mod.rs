@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::fault::{stream_rng, ConnectionModel, Direction};
+use crate::fault::{stream_rng, ConnectionModel, Direction, StreamKey};
 use crate::link::{LinkStats, NamespaceError};
 use crate::profile::Profile;
 use crate::toxic::{self, Draws, Toxic};
@@ -361,9 +361,19 @@ async fn serve_connection(
                 base,
                 draws,
                 faults,
-                slicer_rngs: [
-                    stream("slicer", Direction::Upstream),
-                    stream("slicer", Direction::Downstream),
+                slicer_streams: [
+                    StreamKey::new(
+                        seed,
+                        &format!("{name}#slicer"),
+                        ordinal,
+                        Direction::Upstream,
+                    ),
+                    StreamKey::new(
+                        seed,
+                        &format!("{name}#slicer"),
+                        ordinal,
+                        Direction::Downstream,
+                    ),
                 ],
             });
             Box::pin(pipe::schedule_both(

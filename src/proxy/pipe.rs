@@ -22,11 +22,11 @@ use bytes::{Buf, Bytes, BytesMut};
 use rand_chacha::ChaCha8Rng;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::{DirectionStats, ProxyStats};
-use crate::fault::{ConnectionModel, Direction as Dir, LinkModel, Segment};
+use crate::fault::{ConnectionModel, Direction as Dir, LinkModel, Segment, StreamKey};
 use crate::profile::Profile;
 use crate::timer::sleep_until;
 use crate::toxic::{self, ConnectionFaults, DirectionFaults, Draws, Toxic};
@@ -98,8 +98,8 @@ pub struct Live<'a> {
     pub draws: Draws,
     /// What the toxics amounted to when the connection was accepted.
     pub faults: ConnectionFaults,
-    /// Slicer piece sizes, one stream per direction.
-    pub slicer_rngs: [ChaCha8Rng; 2],
+    /// Slicer piece sizes, one stream per direction (made on the first slice).
+    pub slicer_streams: [StreamKey; 2],
 }
 
 /// Impaired profiles: each direction is a reader that timestamps reads and asks the model for
@@ -136,26 +136,28 @@ pub async fn schedule_both(
             base,
             draws,
             faults,
-            slicer_rngs: [up_rng, down_rng],
+            slicer_streams: [up_stream, down_stream],
         } = *live;
         let faults = Arc::new(faults);
-        let (armed_tx, armed_rx) = mpsc::unbounded_channel();
+        let armed = Arc::new(Armed::default());
         let (tx, rx) = watch::channel(faults.clone());
-        let side = |d: Dir, rng| LiveDirection {
+        let side = |which: Dir, stream| LiveDirection {
+            which,
             faults: rx.clone(),
-            current: faults.direction(d).clone(),
-            slicer_rng: rng,
-            armed: armed_tx.clone(),
+            current: faults.clone(),
+            slicer_stream: stream,
+            slicer_rng: None,
+            armed: armed.clone(),
             carried: 0,
             slice_floor: None,
         };
         sides = Some(Box::new([
-            side(Dir::Upstream, up_rng),
-            side(Dir::Downstream, down_rng),
+            side(Dir::Upstream, up_stream),
+            side(Dir::Downstream, down_stream),
         ]));
         up_hold = Some(rx.clone());
         down_hold = Some(rx);
-        Box::pin(supervise(toxics, base, draws, tx, armed_rx))
+        Box::pin(supervise(toxics, base, draws, tx, armed))
     });
     let (up_live, down_live) = match sides.as_deref_mut() {
         Some([up_side, down_side]) => (Some(up_side), Some(down_side)),
@@ -203,7 +205,7 @@ async fn supervise(
     base: &Profile,
     mut draws: Draws,
     faults: watch::Sender<Arc<ConnectionFaults>>,
-    mut armed: mpsc::UnboundedReceiver<(Dir, Instant)>,
+    armed: Arc<Armed>,
 ) {
     // Per direction: when a timeout toxic's hold began, and when reset_peer was armed.
     let mut held_since: [Option<Instant>; 2] = [None; 2];
@@ -256,8 +258,13 @@ async fn supervise(
                 }
                 faults.send_replace(Arc::new(next));
             }
-            Some((d, at)) = armed.recv() => {
-                armed_at[d as usize].get_or_insert(at);
+            () = armed.rung.notified() => {
+                let first = std::mem::take(&mut *armed.first.lock().unwrap_or_else(|e| e.into_inner()));
+                for (at, seen) in armed_at.iter_mut().zip(first) {
+                    if let Some(seen) = seen {
+                        at.get_or_insert(seen);
+                    }
+                }
             }
             () = expire => return,
         }
@@ -303,15 +310,27 @@ struct Direction<'a> {
     stats: &'a DirectionStats,
 }
 
+/// When each direction's reset_peer saw its first bytes, for the supervisor: a slot and a bell,
+/// where a channel would allocate a block of messages per connection.
+#[derive(Default)]
+struct Armed {
+    /// Per direction, the first arrival under reset_peer not yet taken by the supervisor.
+    first: Mutex<[Option<Instant>; 2]>,
+    rung: Notify,
+}
+
 /// A direction's view of its connection's live toxics.
 struct LiveDirection {
+    which: Dir,
     /// What applies now; the reader and the writer each keep a receiver.
     faults: watch::Receiver<Arc<ConnectionFaults>>,
-    /// The reader's copy of this direction's part.
-    current: DirectionFaults,
-    slicer_rng: ChaCha8Rng,
+    /// What the reader last took from it (this direction's part is `current.direction(which)`).
+    current: Arc<ConnectionFaults>,
+    slicer_stream: StreamKey,
+    /// Made from `slicer_stream` when a slicer first cuts: most connections never need it.
+    slicer_rng: Option<Box<ChaCha8Rng>>,
     /// Tells the supervisor when reset_peer saw its first bytes.
-    armed: mpsc::UnboundedSender<(Dir, Instant)>,
+    armed: Arc<Armed>,
     /// Bytes carried so far, for limit_data.
     carried: u64,
     /// The last slice's release: later bytes wait for it, as behind a real slow sender.
@@ -355,7 +374,7 @@ impl<'a> Direction<'a> {
             permit.forget();
             let most = live
                 .as_ref()
-                .and_then(|l| l.current.slicer)
+                .and_then(|l| l.now().slicer)
                 .map_or(READ_CHUNK, |s| {
                     MAX_SLICES_PER_READ
                         .saturating_mul(s.min_piece())
@@ -368,11 +387,9 @@ impl<'a> Direction<'a> {
             };
             let now = arrived.saturating_duration_since(self.epoch);
             if let Some(l) = &mut live {
-                l.catch_up(self.which, model, arrived);
+                l.catch_up(model, arrived);
             }
-            let slow_close = live
-                .as_ref()
-                .map_or(Duration::ZERO, |l| l.current.slow_close);
+            let slow_close = live.as_ref().map_or(Duration::ZERO, |l| l.now().slow_close);
             match read {
                 Ok(Some(mut bytes)) => {
                     // limit_data: carry what is left of the limit, then close.
@@ -501,22 +518,30 @@ impl<'a> Direction<'a> {
 }
 
 impl LiveDirection {
+    /// This direction's part of the toxics the reader applies now.
+    fn now(&self) -> &DirectionFaults {
+        self.current.direction(self.which)
+    }
+
     /// Applies toxic changes published since the last read, and arms reset_peer on the first
     /// bytes (or end of stream) seen under it.
-    fn catch_up(&mut self, which: Dir, model: &mut LinkModel, arrived: Instant) {
+    fn catch_up(&mut self, model: &mut LinkModel, arrived: Instant) {
         if self.faults.has_changed().unwrap_or(false) {
-            let faults = self.faults.borrow_and_update().clone();
-            self.current = faults.direction(which).clone();
-            model.retune(&self.current.link, faults.timing);
+            self.current = self.faults.borrow_and_update().clone();
+            model.retune(&self.now().link, self.current.timing);
         }
-        if self.current.reset_after.is_some() {
-            let _ = self.armed.send((which, arrived));
+        if self.now().reset_after.is_some() {
+            let mut first = self.armed.first.lock().unwrap_or_else(|e| e.into_inner());
+            if first[self.which as usize].is_none() {
+                first[self.which as usize] = Some(arrived);
+                self.armed.rung.notify_one();
+            }
         }
     }
 
     /// Cuts `bytes` to what limit_data still allows; true when the limit is reached.
     fn clip(&mut self, bytes: &mut Bytes) -> bool {
-        let Some(limit) = self.current.limit else {
+        let Some(limit) = self.now().limit else {
             self.carried += bytes.len() as u64;
             return false;
         };
@@ -533,7 +558,7 @@ impl LiveDirection {
     /// The slicer toxic: each release cut into pieces `delay` apart.
     fn slice(&mut self, releases: Vec<Release>) -> Vec<Release> {
         let floor = |at: Instant, floor: Option<Instant>| floor.map_or(at, |f| at.max(f));
-        let Some(slicer) = self.current.slicer else {
+        let Some(slicer) = self.now().slicer else {
             if self.slice_floor.is_none() {
                 return releases;
             }
@@ -558,7 +583,11 @@ impl LiveDirection {
                 out.push(Release::Data(t, bytes));
                 continue;
             }
-            let pieces = toxic::slice(bytes.len(), &slicer, &mut self.slicer_rng, budget);
+            let stream = self.slicer_stream;
+            let rng = self
+                .slicer_rng
+                .get_or_insert_with(|| Box::new(stream.rng()));
+            let pieces = toxic::slice(bytes.len(), &slicer, rng, budget);
             budget -= pieces.len();
             for piece in pieces {
                 out.push(Release::Slice(t, bytes.split_to(piece)));

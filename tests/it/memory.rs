@@ -20,10 +20,10 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 /// Heap bytes an idle connection may hold, per path. Measured when written: copy 3.3 KiB,
-/// model (lossy-10ms-1pct) 7.1 KiB, control-API proxy without toxics 12.1 KiB; before, every
+/// model (lossy-10ms-1pct) 7.1 KiB, control-API proxy without toxics 9.9 KiB; before, every
 /// path held a task of over 56 KiB (the scheduled pipe's state, twice). The budgets leave room
 /// for dependency upgrades, not for another large state in every connection.
-const BUDGETS: [(&str, usize); 3] = [("copy", 4096), ("model", 8192), ("api", 14336)];
+const BUDGETS: [(&str, usize); 3] = [("copy", 4096), ("model", 8192), ("api", 12288)];
 
 /// Idle connections opened per path; fewer where the descriptor limit is low (four
 /// descriptors each: client, the proxy's two, the server's).
