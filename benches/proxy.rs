@@ -586,28 +586,46 @@ fn memory(bin: &Path, wanted: usize) {
         "   {:<34} {:>9} {:>11} {:>9} {:>14} {:>14}",
         "path", "idle KiB", "loaded KiB", "peak KiB", "KiB per conn", "at 10,000 MiB"
     );
-    let faultrig = |profile: &'static str, api: bool| {
-        move |upstream: SocketAddr| {
-            // A control-API proxy with no toxics: what noxious and Toxiproxy are compared on.
-            let extra: &[&str] = if api { &["--api", "127.0.0.1:0"] } else { &[] };
-            ProxyProcess::start(bin, upstream, profile, extra)
-        }
+    let faultrig = |profile: &'static str, extra: &'static [&'static str]| {
+        move |upstream: SocketAddr| ProxyProcess::start(bin, upstream, profile, extra)
     };
     let floor = |upstream: SocketAddr| {
         let exe = std::env::current_exe().unwrap();
         ProxyProcess::spawn(&exe, &["--floor-proxy", &upstream.to_string()])
     };
     type Start<'a> = Box<dyn Fn(SocketAddr) -> ProxyProcess + 'a>;
-    let paths: [(&str, Start); 4] = [
-        ("floor: plain tokio copy proxy", Box::new(floor)),
-        ("copy (--profile local)", Box::new(faultrig("local", false))),
+    // (name, start, descriptors per connection in the proxy)
+    let mut paths: Vec<(&str, Start, usize)> = vec![
+        ("floor: plain tokio copy proxy", Box::new(floor), 2),
+        (
+            "copy (--profile local)",
+            Box::new(faultrig("local", &[])),
+            2,
+        ),
         (
             "model (--profile lossy-10ms-1pct)",
-            Box::new(faultrig("lossy-10ms-1pct", false)),
+            Box::new(faultrig("lossy-10ms-1pct", &[])),
+            2,
         ),
-        ("API proxy, no toxics", Box::new(faultrig("local", true))),
+        // A control-API proxy with no toxics: what noxious and Toxiproxy are compared on.
+        (
+            "API proxy, no toxics",
+            Box::new(faultrig("local", &["--api", "127.0.0.1:0"])),
+            2,
+        ),
     ];
-    for (name, start) in paths {
+    // The kernel engine needs CAP_NET_ADMIN; its sockets in the namespaces are the kernel's
+    // memory, not the process's, so this row is the proxy's own share.
+    if nix::unistd::geteuid().is_root() {
+        paths.push((
+            "kernel engine (--engine kernel)",
+            Box::new(faultrig("lossy-10ms-1pct", &["--engine", "kernel"])),
+            4,
+        ));
+    }
+    let all = conns;
+    for (name, start, fds) in paths {
+        let conns = conns.min(limit.saturating_sub(64) / fds);
         let server = HoldServer::start();
         let proxy = start(server.addr);
         thread::sleep(Duration::from_millis(200));
@@ -634,6 +652,8 @@ fn memory(bin: &Path, wanted: usize) {
             (idle as f64 + per_conn * 10_000.0) / 1024.0,
             if reached < conns {
                 format!("  (only {reached} reached the server)")
+            } else if conns < all {
+                format!("  ({conns} connections: {fds} descriptors each)")
             } else {
                 String::new()
             }

@@ -340,7 +340,9 @@ impl Registry {
         let mut done = Vec::new();
         for spec in specs {
             if let Some(existing) = proxies.get_mut(&spec.name) {
-                if existing.upstream == spec.upstream && same_listen(&existing.listen, &spec.listen)
+                if existing.upstream == spec.upstream
+                    && same_listen(&existing.listen, &spec.listen)
+                    && existing.engine == spec.engine
                 {
                     if spec.enabled {
                         if let Err(e) = existing.start(&self.options).await {
@@ -400,6 +402,17 @@ impl Registry {
         };
         let listen = text("listen", &p.listen)?;
         let upstream = text("upstream", &p.upstream)?;
+        match obj.get("engine") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(e)) if e == p.engine.as_str() => {}
+            Some(other) => {
+                return Err(ApiError::bad_body(&format!(
+                    "engine is {} and cannot change to {other} on a running proxy: delete \
+                     proxy {name} and create it again (or /populate it)",
+                    p.engine.as_str()
+                )))
+            }
+        }
         let enabled = match obj.get("enabled") {
             None | Some(Value::Null) => p.enabled(),
             Some(Value::Bool(b)) => *b,

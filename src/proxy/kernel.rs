@@ -36,6 +36,9 @@ type Pending = Arc<Mutex<HashMap<u16, oneshot::Sender<TcpStream>>>>;
 /// One proxy's namespace pair and the listener in B its connections arrive at.
 pub struct KernelPath {
     pair: NamespacePair,
+    /// Where the server legs count: they move the bytes the client legs already counted. One
+    /// per proxy, not per connection: its lateness histograms are tens of KiB.
+    uncounted: ProxyStats,
     target: SocketAddr,
     pending: Pending,
     accept: JoinHandle<()>,
@@ -66,6 +69,7 @@ impl KernelPath {
         let accept = tokio::spawn(accept_loop(listener, pending.clone(), downstream_cc));
         Ok(KernelPath {
             pair,
+            uncounted: ProxyStats::default(),
             target,
             pending,
             accept,
@@ -189,7 +193,7 @@ pub async fn serve(
         Err(_) => return fail(client, "the handshake across the link timed out"),
     };
     // Bytes are counted once, on the client's leg; the server's leg moves the same bytes.
-    let uncounted = ProxyStats::default();
+    let uncounted = &path.uncounted;
     let connection = cancel.child_token();
     let client_leg = async {
         let abort = connection.child_token();
@@ -216,7 +220,7 @@ pub async fn serve(
         pipe::copy_both(Ends {
             client: &b,
             upstream,
-            stats: &uncounted,
+            stats: uncounted,
             abort: &abort,
         })
         .await;

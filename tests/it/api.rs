@@ -664,6 +664,16 @@ async fn a_kernel_engine_proxy_follows_its_path_toxics_live() {
         .await
         .unwrap();
     assert_eq!(p["engine"], "kernel");
+    let (status, message) = api
+        .call(
+            Method::PATCH,
+            "/proxies/k",
+            Some(json!({"engine": "model"})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status, 400);
+    assert!(message.contains("cannot change"), "{message}");
     let mut conn = tokio::net::TcpStream::connect(p["listen"].as_str().unwrap())
         .await
         .unwrap();
