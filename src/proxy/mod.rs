@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::fault::{stream_rng, ConnectionModel, Direction, StreamKey};
+use crate::fault::{ConnectionModel, Direction, StreamKey};
 use crate::link::{LinkStats, NamespaceError};
 use crate::profile::Profile;
 use crate::toxic::{self, Draws, Toxic};
@@ -346,8 +346,8 @@ async fn serve_connection(
             let list = toxics.borrow_and_update().clone();
             // Own streams, so toxicity and slicing never shift the model's draws.
             let stream =
-                |purpose: &str, d| stream_rng(seed, &format!("{name}#{purpose}"), ordinal, d);
-            let mut draws = Draws::new(stream("toxicity", Direction::Upstream));
+                |purpose: &str, d| StreamKey::new(seed, &format!("{name}#{purpose}"), ordinal, d);
+            let mut draws = Draws::new(stream("toxicity", Direction::Upstream).rng());
             let faults = toxic::resolve(base, &list, &mut draws);
             let model = Box::new(ConnectionModel::with_handshake_loss(
                 &faults.profile,
@@ -362,18 +362,8 @@ async fn serve_connection(
                 draws,
                 faults,
                 slicer_streams: [
-                    StreamKey::new(
-                        seed,
-                        &format!("{name}#slicer"),
-                        ordinal,
-                        Direction::Upstream,
-                    ),
-                    StreamKey::new(
-                        seed,
-                        &format!("{name}#slicer"),
-                        ordinal,
-                        Direction::Downstream,
-                    ),
+                    stream("slicer", Direction::Upstream),
+                    stream("slicer", Direction::Downstream),
                 ],
             });
             Box::pin(pipe::schedule_both(
