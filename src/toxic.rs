@@ -9,7 +9,10 @@
 //! - `bandwidth`: the model's token bucket (KB/s, 1 KB = 1000 bytes, as Toxiproxy);
 //! - `loss` (ours): the packet-drop-like stall of the model, Bernoulli or Gilbert–Elliott;
 //! - `syn_loss` (ours): lost SYNs (upstream) or SYN-ACKs (downstream) of new connections;
-//! - `profile` (ours): a whole named profile's impairment for this direction;
+//! - `profile` (ours): a whole named profile's impairment for this direction, connection set-up
+//!   included;
+//! - `handshake` (ours): new connections pay the SYN / SYN-ACK round trip before their first
+//!   byte (Toxiproxy's toxics charge a new connection nothing);
 //! - `slicer`: each chunk is cut into pieces written `delay` µs apart;
 //! - `slow_close`: the FIN waits `delay` ms;
 //! - `timeout`: bytes are held, not dropped (they flow again if the toxic goes away); after
@@ -22,7 +25,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::fault::{Direction, HandshakeLoss, PathTiming};
+use crate::fault::{Direction, HandshakeLoss, PathTiming, Setup};
 use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile};
 
 /// One toxic as the API holds it.
@@ -78,6 +81,9 @@ pub enum ToxicKind {
     Profile {
         profile: Box<Profile>,
     },
+    /// New connections pay the SYN / SYN-ACK round trip of the path the other toxics make
+    /// before their first byte leaves (whichever stream it is on).
+    Handshake,
     Noop,
 }
 
@@ -95,6 +101,7 @@ impl ToxicKind {
             ToxicKind::Loss { .. } => "loss",
             ToxicKind::SynLoss { .. } => "syn_loss",
             ToxicKind::Profile { .. } => "profile",
+            ToxicKind::Handshake => "handshake",
             ToxicKind::Noop => "noop",
         }
     }
@@ -109,6 +116,8 @@ impl ToxicKind {
                 | ToxicKind::Bandwidth { .. }
                 | ToxicKind::Loss { .. }
                 | ToxicKind::Profile { .. }
+                // The kernel's connections always pay their real handshake.
+                | ToxicKind::Handshake
                 | ToxicKind::Noop
         )
     }
@@ -158,8 +167,10 @@ pub struct ConnectionFaults {
     pub profile: Profile,
     pub upstream: DirectionFaults,
     pub downstream: DirectionFaults,
-    /// `syn_loss` toxics: the SYN's (upstream) and SYN-ACK's (downstream) loss, when set.
-    pub handshake_loss: HandshakeLoss,
+    /// What a new connection's set-up costs: its round trip only under the proxy's own profile
+    /// or a `handshake` or `profile` toxic; `syn_loss` toxics' losses of the SYN (upstream) and
+    /// SYN-ACK (downstream).
+    pub setup: Setup,
     pub timing: PathTiming,
 }
 
@@ -218,6 +229,9 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
     let mut up = DirectionFaults::new(base.upstream.clone());
     let mut down = DirectionFaults::new(base.downstream.clone());
     let mut handshake_loss = HandshakeLoss::default();
+    // A proxy's own impairment is a profile, which sets its connections up over the path; on
+    // an unimpaired proxy only faultrig's own toxics add the round trip.
+    let mut round_trip = !base.is_unimpaired();
     for toxic in toxics {
         if !draws.applies(toxic) {
             continue;
@@ -285,7 +299,9 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
                     Direction::Downstream => p.downstream.clone(),
                 };
                 profile.connect = p.connect.clone();
+                round_trip = true;
             }
+            ToxicKind::Handshake => round_trip = true,
             ToxicKind::Noop => {}
         }
     }
@@ -296,7 +312,10 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
         profile,
         upstream: up,
         downstream: down,
-        handshake_loss,
+        setup: Setup {
+            round_trip,
+            loss: handshake_loss,
+        },
     }
 }
 
@@ -462,7 +481,7 @@ mod tests {
         assert_eq!(f.downstream.link, local().downstream);
         assert_eq!(f.profile.connect, lossy.connect);
         assert_eq!(
-            f.handshake_loss,
+            f.setup.loss,
             HandshakeLoss {
                 syn: Some(LossProcess::Bernoulli { p: 0.2 }),
                 synack: None
@@ -485,13 +504,7 @@ mod tests {
             let f = resolve(&local(), &toxics, &mut draws());
             let (mut syn, mut synack) = (0i64, 0i64);
             for ordinal in 0..n {
-                let m = ConnectionModel::with_handshake_loss(
-                    &f.profile,
-                    f.handshake_loss,
-                    5,
-                    "syn",
-                    ordinal,
-                );
+                let m = ConnectionModel::with_setup(&f.profile, f.setup, 5, "syn", ordinal);
                 syn += i64::from(m.syn_losses > 0);
                 synack += i64::from(m.synack_losses > 0);
             }

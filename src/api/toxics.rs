@@ -23,6 +23,7 @@ const TYPES: &[(&str, &[&str])] = &[
     ("loss", &[]),
     ("syn_loss", &[]),
     ("profile", &[]),
+    ("handshake", &[]),
 ];
 
 /// A toxic with the attributes it was given (kept so partial updates merge over them).
@@ -228,6 +229,7 @@ fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiErro
             bytes: int(a, "bytes")?,
         },
         "noop" => ToxicKind::Noop,
+        "handshake" => ToxicKind::Handshake,
         "loss" => {
             let loss = match (probability(a, "p")?, probability(a, "r")?) {
                 (Some(p), Some(r)) => LossProcess::GilbertElliott {

@@ -330,12 +330,35 @@ pub struct HandshakeLoss {
     pub synack: Option<LossProcess>,
 }
 
+/// What a new connection's set-up costs before its first byte may leave.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Setup {
+    /// The SYN / SYN-ACK round trip is charged. A profile's connections pay it, as over a real
+    /// path; Toxiproxy's toxics do not (a Toxiproxy `latency` toxic delays data only), so on the
+    /// control API only faultrig's own toxics (`handshake`, `profile`) turn it on.
+    pub round_trip: bool,
+    /// Where the SYN and SYN-ACK are lost by their own processes instead of their links'.
+    pub loss: HandshakeLoss,
+}
+
+impl Setup {
+    /// A real path's set-up: the round trip, and the links' own loss.
+    pub const HANDSHAKE: Setup = Setup {
+        round_trip: true,
+        loss: HandshakeLoss {
+            syn: None,
+            synack: None,
+        },
+    };
+}
+
 /// Both directions of one connection, with the handshake already drawn.
 #[derive(Clone, Debug)]
 pub struct ConnectionModel {
     pub upstream: LinkModel,
     pub downstream: LinkModel,
-    /// From accept until the client's first byte may depart: one RTT plus SYN/SYN-ACK stalls.
+    /// From accept until the client's first byte may depart: the round trip (where charged)
+    /// plus SYN/SYN-ACK stalls.
     pub setup: Duration,
     /// Lost SYNs (counted as upstream stalls).
     pub syn_losses: u32,
@@ -346,59 +369,67 @@ pub struct ConnectionModel {
 impl ConnectionModel {
     /// The model of connection number `ordinal` of proxy `proxy` in a run seeded with `seed`.
     pub fn new(profile: &Profile, seed: u64, proxy: &str, ordinal: u64) -> ConnectionModel {
-        ConnectionModel::with_handshake_loss(
-            profile,
-            HandshakeLoss::default(),
-            seed,
-            proxy,
-            ordinal,
-        )
+        ConnectionModel::with_setup(profile, Setup::HANDSHAKE, seed, proxy, ordinal)
     }
 
-    /// Like [`ConnectionModel::new`], with the SYN and the SYN-ACK lost by `handshake_loss`'s
-    /// processes instead of their links' own (where given).
-    pub fn with_handshake_loss(
+    /// Like [`ConnectionModel::new`], with the set-up `setup` says.
+    pub fn with_setup(
         profile: &Profile,
-        handshake_loss: HandshakeLoss,
+        setup: Setup,
         seed: u64,
         proxy: &str,
         ordinal: u64,
     ) -> ConnectionModel {
-        let timing = PathTiming::of(profile);
-        let mut upstream = LinkModel::new(
-            &profile.upstream,
-            timing,
-            stream_rng(seed, proxy, ordinal, Direction::Upstream),
-        );
-        let mut downstream = LinkModel::new(
-            &profile.downstream,
-            timing,
-            stream_rng(seed, proxy, ordinal, Direction::Downstream),
-        );
+        let mut model = ConnectionModel::established(profile, seed, proxy, ordinal);
+        let ConnectionModel {
+            upstream,
+            downstream,
+            ..
+        } = &mut model;
         let (syn_stall, syn_losses) = upstream.handshake_stall(
             &profile.connect,
-            handshake_loss.syn,
+            setup.loss.syn,
             Handshake::Syn,
             Duration::ZERO,
         );
+        // What the round trip's legs cost, where charged.
+        let leg = |d: Duration| if setup.round_trip { d } else { Duration::ZERO };
         // The server answers the SYN that got through.
         let (synack_stall, synack_losses) = downstream.handshake_stall(
             &profile.connect,
-            handshake_loss.synack,
+            setup.loss.synack,
             Handshake::SynAck,
-            syn_stall + profile.upstream.delay,
+            syn_stall + leg(profile.upstream.delay),
         );
-        let setup = timing.rtt + syn_stall + synack_stall;
+        let at = leg(PathTiming::of(profile).rtt) + syn_stall + synack_stall;
         // The client sends once the SYN-ACK arrived; the server can send once the client's final
         // ACK reached it, one upstream delay later.
-        upstream.set_up(setup, syn_losses);
-        downstream.set_up(setup + profile.upstream.delay, synack_losses);
+        upstream.set_up(at, syn_losses);
+        downstream.set_up(at + leg(profile.upstream.delay), synack_losses);
+        model.setup = at;
+        model.syn_losses = syn_losses;
+        model.synack_losses = synack_losses;
+        model
+    }
+
+    /// A connection already set up (one handed over to the model mid-life): no handshake is
+    /// drawn or charged, and its bytes may leave at once.
+    pub fn established(profile: &Profile, seed: u64, proxy: &str, ordinal: u64) -> ConnectionModel {
+        let timing = PathTiming::of(profile);
         ConnectionModel {
-            upstream,
-            downstream,
-            setup,
-            syn_losses,
-            synack_losses,
+            upstream: LinkModel::new(
+                &profile.upstream,
+                timing,
+                stream_rng(seed, proxy, ordinal, Direction::Upstream),
+            ),
+            downstream: LinkModel::new(
+                &profile.downstream,
+                timing,
+                stream_rng(seed, proxy, ordinal, Direction::Downstream),
+            ),
+            setup: Duration::ZERO,
+            syn_losses: 0,
+            synack_losses: 0,
         }
     }
 }

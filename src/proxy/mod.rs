@@ -340,22 +340,28 @@ async fn serve_connection(
             Box::pin(pipe::schedule_both(ends, model, accepted_at, window, None)).await;
         }
         (Faults::Live { base, toxics }, None) => {
-            // Always the scheduled pipe: a toxic may arrive at any moment, and the copy path
-            // has no place to apply it.
             let mut toxics = toxics.clone();
+            // With nothing to apply yet, copy (as fast, and holding no model) until a toxic
+            // arrives; the connection is set up by then, so the model charges no handshake.
+            let mut handoff = Default::default();
+            let mut established = false;
+            if base.is_unimpaired() && toxics.borrow_and_update().is_empty() {
+                match Box::pin(pipe::copy_until_toxics(ends, &mut toxics)).await {
+                    Some(ended) => (handoff, established) = (ended, true),
+                    None => return tracing::debug!(proxy = %name, ordinal, "closed"),
+                }
+            }
             let list = toxics.borrow_and_update().clone();
             // Own streams, so toxicity and slicing never shift the model's draws.
             let stream =
                 |purpose: &str, d| StreamKey::new(seed, &format!("{name}#{purpose}"), ordinal, d);
             let mut draws = Draws::new(stream("toxicity", Direction::Upstream).rng());
             let faults = toxic::resolve(base, &list, &mut draws);
-            let model = Box::new(ConnectionModel::with_handshake_loss(
-                &faults.profile,
-                faults.handshake_loss,
-                seed,
-                name,
-                ordinal,
-            ));
+            let model = Box::new(if established {
+                ConnectionModel::established(&faults.profile, seed, name, ordinal)
+            } else {
+                ConnectionModel::with_setup(&faults.profile, faults.setup, seed, name, ordinal)
+            });
             let live = Box::new(pipe::Live {
                 toxics,
                 base,
@@ -365,6 +371,7 @@ async fn serve_connection(
                     stream("slicer", Direction::Upstream),
                     stream("slicer", Direction::Downstream),
                 ],
+                handoff,
             });
             Box::pin(pipe::schedule_both(
                 ends,
@@ -406,7 +413,7 @@ mod tests {
 
     /// A connection's task is allocated at its largest state whether or not it ever gets there,
     /// so each path's future is boxed and the task holds only the connect phase; the scheduled
-    /// pipe keeps its models in their own box. These bounds (today 1600, 960 and 2440 bytes)
+    /// pipe keeps its models in their own box. These bounds (today 1744, 1048, 1496 and 2440 bytes)
     /// catch a large state slipping back into every connection, as the scheduled pipe's 27 KiB
     /// once did; `tests/it/memory.rs` counts the heap.
     #[tokio::test]
@@ -428,11 +435,17 @@ mod tests {
         };
         let lossy = Profile::builtin("lossy-10ms-1pct").unwrap();
         let model = Box::new(ConnectionModel::new(&lossy, 0, "test", 0));
+        let (_toxics, mut toxics) = tokio::sync::watch::channel(Arc::new(Vec::new()));
         let sizes = [
             ("serve_connection", std::mem::size_of_val(&task), 2048),
             (
                 "copy_both",
                 std::mem::size_of_val(&pipe::copy_both(ends())),
+                2048,
+            ),
+            (
+                "copy_until_toxics",
+                std::mem::size_of_val(&pipe::copy_until_toxics(ends(), &mut toxics)),
                 2048,
             ),
             (

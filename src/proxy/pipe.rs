@@ -13,7 +13,9 @@
 //! task and sockets.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +45,7 @@ const MAX_SLICES_PER_READ: usize = 1024;
 const MAX_QUEUED_SLICES: usize = 8 * MAX_SLICES_PER_READ;
 
 /// The two sockets of a connection and what the pipes report to.
+#[derive(Clone, Copy)]
 pub struct Ends<'a> {
     pub client: &'a TcpStream,
     pub upstream: &'a TcpStream,
@@ -53,6 +56,102 @@ pub struct Ends<'a> {
 
 /// Unimpaired profiles: copy bytes as soon as they are read.
 pub async fn copy_both(ends: Ends<'_>) {
+    copy_phase(ends, Never).await;
+}
+
+/// Where one direction stood when a copy phase handed its connection over.
+#[derive(Debug, Default)]
+pub struct HandOff {
+    /// Its FIN was already passed on: nothing more will come.
+    pub finished: bool,
+    /// Read but not yet written when the hand-over came (it may have been waiting for its
+    /// reader, which may be waiting for the other direction): delivered first.
+    pub unsent: Bytes,
+}
+
+/// A control-API connection with nothing to apply: copied like an unimpaired one (as fast, and
+/// holding no model) until the proxy's first toxic arrives, then handed over to the scheduled
+/// pipe at once, each direction with what it had read and not yet written. `None` when the
+/// connection ended first (closed, reset, or the proxy shutting down).
+pub async fn copy_until_toxics(
+    ends: Ends<'_>,
+    toxics: &mut watch::Receiver<Arc<Vec<Toxic>>>,
+) -> Option<[HandOff; 2]> {
+    let handover = HandOver::default();
+    let watch = async {
+        loop {
+            if toxics.changed().await.is_err() {
+                // The proxy is gone; its shutdown closes this connection.
+                return std::future::pending().await;
+            }
+            if !toxics.borrow_and_update().is_empty() {
+                handover.now.store(true, Ordering::Relaxed);
+                handover.bell.notify_waiters();
+                return std::future::pending::<()>().await;
+            }
+        }
+    };
+    let copied = std::pin::pin!(copy_phase(ends, &handover));
+    tokio::select! {
+        ended = copied => ended,
+        () = watch => unreachable!("the watch never returns"),
+    }
+}
+
+/// Tells both copying directions to stop where they are.
+#[derive(Default)]
+struct HandOver {
+    now: std::sync::atomic::AtomicBool,
+    bell: Notify,
+}
+
+/// What may stop a copying direction where it stands. The plain copy path is never stopped and
+/// carries none of a hand-over's waiting in its state (its connections are the smallest).
+trait Interrupt: Copy {
+    /// `work` to its end, unless stopped first: then `None`. Given pinned in place, not by
+    /// value: a future passed in would be held twice in the state (once as the argument, once
+    /// where it is awaited), and these states are every connection's.
+    fn unless<F: Future>(self, work: Pin<&mut F>) -> impl Future<Output = Option<F::Output>>;
+}
+
+/// The plain copy path's: nothing stops it.
+#[derive(Clone, Copy)]
+struct Never;
+
+impl Interrupt for Never {
+    async fn unless<F: Future>(self, work: Pin<&mut F>) -> Option<F::Output> {
+        Some(work.await)
+    }
+}
+
+impl Interrupt for &HandOver {
+    async fn unless<F: Future>(self, work: Pin<&mut F>) -> Option<F::Output> {
+        // The wait is registered before the flag is read, so a hand-over called in between
+        // still rings it.
+        let bell = self.bell.notified();
+        if self.now.load(Ordering::Relaxed) {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            () = bell => None,
+            done = work => Some(done),
+        }
+    }
+}
+
+/// How one copied direction ended.
+enum Copied {
+    /// Its FIN was passed on.
+    Finished,
+    /// Stopped for a hand-over, with what it had read and not yet written.
+    Stopped(Bytes),
+    /// It reset the connection.
+    Aborted,
+}
+
+/// Both directions copied; `Some` when they stopped for `handover` (neither reset).
+async fn copy_phase(ends: Ends<'_>, stop: impl Interrupt) -> Option<[HandOff; 2]> {
     let Ends {
         client,
         upstream,
@@ -63,27 +162,68 @@ pub async fn copy_both(ends: Ends<'_>) {
     // future keeps its first slot in the task as well, doubling its size.
     let work = std::pin::pin!(async {
         tokio::join!(
-            copy(client, upstream, &stats.upstream, abort),
-            copy(upstream, client, &stats.downstream, abort),
+            copy(client, upstream, &stats.upstream, abort, stop),
+            copy(upstream, client, &stats.downstream, abort, stop),
         )
     });
-    tokio::select! {
-        _ = work => {}
-        _ = abort.cancelled() => {}
+    let ended = tokio::select! {
+        ended = work => ended,
+        _ = abort.cancelled() => return None,
+    };
+    let stopped = matches!(ended, (Copied::Stopped(_), _) | (_, Copied::Stopped(_)));
+    if !stopped || abort.is_cancelled() {
+        return None;
     }
+    let handoff = |c: Copied| match c {
+        Copied::Stopped(unsent) => HandOff {
+            finished: false,
+            unsent,
+        },
+        _ => HandOff {
+            finished: true,
+            unsent: Bytes::new(),
+        },
+    };
+    Some([handoff(ended.0), handoff(ended.1)])
 }
 
-async fn copy(src: &TcpStream, dst: &TcpStream, stats: &DirectionStats, abort: &CancellationToken) {
+async fn copy(
+    src: &TcpStream,
+    dst: &TcpStream,
+    stats: &DirectionStats,
+    abort: &CancellationToken,
+    stop: impl Interrupt,
+) -> Copied {
     loop {
-        match read_some(src).await {
-            Ok(Some(bytes)) => {
-                if write_all(dst, &bytes).await.is_err() {
-                    return reset_and_abort(src, abort);
+        let Some(read) = stop.unless(std::pin::pin!(read_some(src))).await else {
+            return Copied::Stopped(Bytes::new());
+        };
+        match read {
+            Ok(Some(mut bytes)) => {
+                let len = bytes.len();
+                let wrote = stop
+                    .unless(std::pin::pin!(write_all(dst, &mut bytes)))
+                    .await;
+                stats
+                    .bytes
+                    .fetch_add((len - bytes.len()) as u64, Ordering::Relaxed);
+                match wrote {
+                    None => return Copied::Stopped(bytes),
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => {
+                        reset_and_abort(src, abort);
+                        return Copied::Aborted;
+                    }
                 }
-                stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }
-            Ok(None) => return shutdown_write(dst),
-            Err(_) => return reset_and_abort(dst, abort),
+            Ok(None) => {
+                shutdown_write(dst);
+                return Copied::Finished;
+            }
+            Err(_) => {
+                reset_and_abort(dst, abort);
+                return Copied::Aborted;
+            }
         }
     }
 }
@@ -100,6 +240,8 @@ pub struct Live<'a> {
     pub faults: ConnectionFaults,
     /// Slicer piece sizes, one stream per direction (made on the first slice).
     pub slicer_streams: [StreamKey; 2],
+    /// Where each direction stood if a copy phase handed the connection over.
+    pub handoff: [HandOff; 2],
 }
 
 /// Impaired profiles: each direction is a reader that timestamps reads and asks the model for
@@ -137,12 +279,14 @@ pub async fn schedule_both(
             draws,
             faults,
             slicer_streams: [up_stream, down_stream],
+            handoff: [up_handoff, down_handoff],
         } = *live;
         let faults = Arc::new(faults);
         let armed = Arc::new(Armed::default());
         let (tx, rx) = watch::channel(faults.clone());
-        let side = |which: Dir, stream| LiveDirection {
+        let side = |which: Dir, stream, handoff| LiveDirection {
             which,
+            handoff,
             faults: rx.clone(),
             current: faults.clone(),
             slicer_stream: stream,
@@ -152,8 +296,8 @@ pub async fn schedule_both(
             slice_floor: None,
         };
         sides = Some(Box::new([
-            side(Dir::Upstream, up_stream),
-            side(Dir::Downstream, down_stream),
+            side(Dir::Upstream, up_stream, up_handoff),
+            side(Dir::Downstream, down_stream, down_handoff),
         ]));
         up_hold = Some(rx.clone());
         down_hold = Some(rx);
@@ -322,6 +466,8 @@ struct Armed {
 /// A direction's view of its connection's live toxics.
 struct LiveDirection {
     which: Dir,
+    /// Where it stood when a copy phase handed it over.
+    handoff: HandOff,
     /// What applies now; the reader and the writer each keep a receiver.
     faults: watch::Receiver<Arc<ConnectionFaults>>,
     /// What the reader last took from it (this direction's part is `current.direction(which)`).
@@ -364,6 +510,22 @@ impl<'a> Direction<'a> {
         model: &mut LinkModel,
         mut live: Option<&mut LiveDirection>,
     ) {
+        if let Some(l) = &mut live {
+            // What the copy phase had read and not written goes first, as it was read before
+            // any toxic applied; a FIN it passed on ends the writer (repeating the shutdown
+            // changes nothing).
+            let HandOff { finished, unsent } = std::mem::take(&mut l.handoff);
+            if !unsent.is_empty() {
+                // Within the fresh window: the copy phase read at most one chunk.
+                if let Ok(permit) = self.window.try_acquire_many(unsent.len() as u32) {
+                    permit.forget();
+                }
+                self.push([Release::Data(Instant::now(), unsent)]);
+            }
+            if finished {
+                return self.push([Release::Fin(Instant::now())]);
+            }
+        }
         let mut segments = Vec::new();
         loop {
             // Reserve room for a full read first: when the window is full we stop reading, and
@@ -704,10 +866,12 @@ pub fn enable_receive_timestamps(sock: &TcpStream) {
     }
 }
 
-async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+/// Writes all of `data`, advancing it as it goes: dropped while waiting, `data` is what is
+/// left to write.
+async fn write_all(dst: &TcpStream, data: &mut Bytes) -> io::Result<()> {
     while !data.is_empty() {
         match dst.try_write(data) {
-            Ok(n) => data = &data[n..],
+            Ok(n) => data.advance(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

@@ -219,6 +219,14 @@ impl TestApi {
         .unwrap()
     }
 
+    /// The bytes proxy `proxy` has carried in `direction`.
+    async fn bytes(&self, proxy: &str, direction: &str) -> u64 {
+        self.metric(&format!(
+            "faultrig_proxy_bytes_total{{proxy=\"{proxy}\",direction=\"{direction}\"}}"
+        ))
+        .await
+    }
+
     async fn metric(&self, line_prefix: &str) -> u64 {
         let text = faultrig::api::client::get_text(&self.addr, "/metrics")
             .await
@@ -469,25 +477,14 @@ async fn toxics_change_on_live_connections_without_losing_a_byte() {
     .await
     .unwrap();
     api.call(Method::POST, "/reset", None).await.unwrap();
-    let sent = tokio::time::timeout(Duration::from_secs(120), sender)
-        .await
-        .unwrap()
-        .unwrap();
-    let (len, got) = tokio::time::timeout(Duration::from_secs(120), receiver)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((len, got), (LEN, sent), "every byte, in order");
-    assert_eq!(
-        api.metric("faultrig_proxy_bytes_total{proxy=\"live\",direction=\"upstream\"}")
-            .await,
-        LEN as u64
-    );
-    assert_eq!(
-        api.metric("faultrig_proxy_bytes_total{proxy=\"live\",direction=\"downstream\"}")
-            .await,
-        LEN as u64
-    );
+    arrives_whole(sender, receiver, LEN).await;
+    for direction in ["upstream", "downstream"] {
+        assert_eq!(
+            api.bytes("live", direction).await,
+            LEN as u64,
+            "{direction}"
+        );
+    }
     assert!(
         api.metric("faultrig_proxy_stalls_total{proxy=\"live\",direction=\"upstream\"}")
             .await
@@ -499,6 +496,127 @@ async fn toxics_change_on_live_connections_without_losing_a_byte() {
             .await,
         1
     );
+}
+
+/// What `sender` wrote (`len` bytes) is what `receiver` read, in order.
+async fn arrives_whole(
+    sender: tokio::task::JoinHandle<[u8; 32]>,
+    receiver: tokio::task::JoinHandle<(usize, [u8; 32])>,
+    len: usize,
+) {
+    let sent = tokio::time::timeout(Duration::from_secs(120), sender)
+        .await
+        .unwrap()
+        .unwrap();
+    let (got_len, got) = tokio::time::timeout(Duration::from_secs(120), receiver)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((got_len, got), (len, sent), "every byte, in order");
+}
+
+/// A connection opened before any toxic is copied; the first toxic takes it over mid-stream
+/// at a chunk boundary. Both directions stream throughout and one is half-closed before the
+/// hand-over: every byte arrives, in order, and the FIN already passed stays passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_toxic_takes_over_streaming_connections_without_losing_a_byte() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen = api.proxy("over", &echo.to_string()).await;
+
+    // Streaming in both directions (the echo returns what is sent) when the toxics arrive, and
+    // the replies not read until then: every buffer on the way is full, so both directions of
+    // the proxy are in the middle of a write when the hand-over comes (loopback buffers hold
+    // about 40 MiB on this path).
+    const LEN: usize = 96 << 20;
+    let (r, w) = tokio::net::TcpStream::connect(&listen)
+        .await
+        .unwrap()
+        .into_split();
+    let sender = tokio::spawn(send_random(w, 21, LEN));
+
+    // Half-closed before the hand-over: the client is done sending, the reply still flows.
+    let mut half = tokio::net::TcpStream::connect(&listen).await.unwrap();
+    half.write_all(&[5u8; 1000]).await.unwrap();
+    half.shutdown().await.unwrap();
+    let mut first = [0u8; 500];
+    half.read_exact(&mut first).await.unwrap();
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !sender.is_finished(),
+        "the stream is held up by the unread replies"
+    );
+    api.toxic(
+        "over",
+        json!({"type": "latency", "stream": "downstream", "attributes": {"latency": 30}}),
+    )
+    .await;
+    api.toxic(
+        "over",
+        json!({"type": "slicer", "stream": "upstream", "attributes": {"average_size": 3000, "delay": 1}}),
+    )
+    .await;
+    let receiver = tokio::spawn(hash_to_eof(r));
+
+    arrives_whole(sender, receiver, LEN).await;
+
+    let mut rest = Vec::new();
+    tokio::time::timeout(PROMPT, half.read_to_end(&mut rest))
+        .await
+        .expect("the half-closed connection ends after its reply")
+        .unwrap();
+    assert_eq!(rest, [5u8; 500], "the reply's rest, then end of stream");
+    let total = (LEN + 1000) as u64;
+    for direction in ["upstream", "downstream"] {
+        let counted = api.bytes("over", direction).await;
+        assert_eq!(counted, total, "{direction}: counted once");
+    }
+}
+
+/// Toxiproxy's toxics charge a new connection nothing: a 100 ms latency toxic on the replies
+/// makes the first exchange of a new connection take 100 ms, as through Toxiproxy, not 100 ms
+/// more for an emulated handshake. faultrig's own `handshake` toxic adds that round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_pays_the_round_trip_only_under_the_handshake_toxic() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen = api.proxy("new", &echo.to_string()).await;
+    api.toxic(
+        "new",
+        json!({"type": "latency", "stream": "downstream", "attributes": {"latency": 100}}),
+    )
+    .await;
+    // The first exchange of a fresh connection, and the next one.
+    async fn exchanges(listen: &str) -> (Duration, Duration) {
+        async fn once(conn: &mut tokio::net::TcpStream) {
+            conn.write_all(&[9u8; 64]).await.unwrap();
+            let mut buf = [0u8; 64];
+            conn.read_exact(&mut buf).await.unwrap();
+        }
+        let start = Instant::now();
+        let mut conn = tokio::net::TcpStream::connect(listen).await.unwrap();
+        once(&mut conn).await;
+        let first = start.elapsed();
+        let start = Instant::now();
+        once(&mut conn).await;
+        (first, start.elapsed())
+    }
+    // Above the delay, and well short of the 200 ms a charged handshake would make it.
+    let toxiproxy_like = Duration::from_millis(100)..Duration::from_millis(170);
+    let (first, later) = exchanges(&listen).await;
+    assert!(toxiproxy_like.contains(&first), "first exchange: {first:?}");
+    assert!(toxiproxy_like.contains(&later), "later exchange: {later:?}");
+
+    api.toxic("new", json!({"type": "handshake"})).await;
+    let (first, later) = exchanges(&listen).await;
+    assert!(
+        first >= Duration::from_millis(200),
+        "first exchange behind the handshake: {first:?}"
+    );
+    assert!(toxiproxy_like.contains(&later), "later exchange: {later:?}");
 }
 
 /// The connection-level toxics: limit_data closes after its bytes, reset_peer resets, timeout
