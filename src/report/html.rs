@@ -13,12 +13,13 @@ const WIDTH: u32 = 900;
 /// The whole page for a table built from `rows` rows.
 pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
     let mut html = head(title);
+    html += &findings_html(table);
     let _ = writeln!(
         html,
-        "<p>{rows} rows; {}.</p>",
+        "<p>{rows} rows; {}. Hover over a column's name for what it means; - is not measured.</p>",
         escape(table.summary.explain()),
     );
-    html += &html_table(table);
+    html += &html_tables(table);
     for (pi, profile) in table.profiles.iter().enumerate() {
         let _ = writeln!(html, "<h2>Latency CDF: {}</h2>", escape(profile));
         html += &cdf_svg(table, pi).map_err(|e| format!("plot: {e}"))?;
@@ -46,47 +47,50 @@ pub(crate) fn head(title: &str) -> String {
 
 pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
+        .replace('"', "&quot;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-fn html_table(t: &Table) -> String {
-    let mut h = String::from("<table><tr><th rowspan=2>flavour mode</th>");
-    for p in &t.profiles {
-        let _ = write!(h, "<th colspan=4>{}</th>", escape(p));
+/// The findings, as a list at the top of the page (or why there are none).
+fn findings_html(t: &Table) -> String {
+    let found = super::findings::findings(t);
+    if found.is_empty() {
+        return format!("<p><b>Findings:</b> {}</p>\n", super::findings::NONE);
     }
-    h += "</tr><tr>";
-    for _ in &t.profiles {
-        h += "<th>total ms</th><th>calls/s</th><th>p99 ms</th><th>failed</th>";
+    let mut h = String::from("<h2>Findings</h2>\n<ul class=findings>\n");
+    for f in found {
+        let _ = writeln!(h, "<li>{}</li>", escape(&f));
     }
-    h += "</tr>\n";
-    for (ri, name) in t.rows.iter().enumerate() {
-        let _ = write!(h, "<tr><td>{}</td>", escape(name));
-        for pi in 0..t.profiles.len() {
-            match t.cells.get(&(ri, pi)) {
-                Some(c) if !c.latency.is_empty() => {
-                    let _ = write!(
-                        h,
-                        "<td>{:.1}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td>",
-                        c.mean_total_ms,
-                        c.calls_per_sec,
-                        c.latency.value_at_quantile(0.99) as f64 / 1e3,
-                        c.failed
-                    );
-                }
-                Some(c) => {
-                    let _ = write!(
-                        h,
-                        "<td>{:.1}</td><td>{:.0}</td><td>-</td><td>{}</td>",
-                        c.mean_total_ms, c.calls_per_sec, c.failed
-                    );
-                }
-                None => h += "<td></td><td></td><td></td><td></td>",
-            }
+    h + "</ul>\n"
+}
+
+/// A table per profile, every column ([`super::COLUMNS`], their meaning on hover).
+fn html_tables(t: &Table) -> String {
+    let mut h = String::new();
+    for (pi, profile) in t.profiles.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<h2>{}</h2>\n<table class=cells><tr><th>flavour mode</th>",
+            escape(profile)
+        );
+        for (name, meaning) in super::COLUMNS {
+            let _ = write!(h, "<th title=\"{}\">{}</th>", escape(meaning), escape(name));
         }
         h += "</tr>\n";
+        for (ri, name) in t.rows.iter().enumerate() {
+            let Some(columns) = t.columns(ri, pi) else {
+                continue;
+            };
+            let _ = write!(h, "<tr><td>{}</td>", escape(name));
+            for c in columns {
+                let _ = write!(h, "<td>{}</td>", escape(&c));
+            }
+            h += "</tr>\n";
+        }
+        h += "</table>\n";
     }
-    h + "</table>\n"
+    h
 }
 
 pub(crate) type PlotResult = Result<String, Box<dyn std::error::Error>>;
@@ -219,4 +223,43 @@ fn bars_svg(t: &Table) -> PlotResult {
         root.present()?;
     }
     Ok(svg + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::crafted;
+    use crate::report::RoundSummary;
+
+    #[test]
+    fn the_page_opens_with_findings_and_has_a_table_and_a_cdf_per_profile() {
+        let t = Table::build(&crafted(), RoundSummary::Mean).unwrap();
+        let page = page("t", &t, 8).unwrap();
+        let findings = page.find("<h2>Findings</h2>").expect("findings");
+        assert!(
+            findings < page.find("<table").unwrap(),
+            "findings come first"
+        );
+        assert_eq!(page.matches("<li>").count(), 4);
+        assert!(page.contains("costs 2.70–2.80× the p50"));
+        assert_eq!(
+            page.matches("<table class=cells>").count(),
+            2,
+            "a table per profile"
+        );
+        assert_eq!(
+            page.matches("<h2>Latency CDF: ").count(),
+            2,
+            "a CDF per profile"
+        );
+        for (name, _) in crate::report::COLUMNS {
+            assert_eq!(
+                page.matches(&format!(">{}</th>", escape(name))).count(),
+                2,
+                "{name}"
+            );
+        }
+        assert!(page.contains("<td>tcp-binary per-call</td>"));
+        assert!(page.contains("<td>2.80</td><td>1.06</td></tr>"));
+    }
 }
