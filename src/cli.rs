@@ -15,7 +15,8 @@ use crate::flavour::{self, Flavour, SocketOptions, WritePattern};
 use crate::link::{Engine, NamespaceError};
 use crate::profile::{CongestionControl, Profile};
 use crate::proxy::{Proxy, ProxyOptions, DEFAULT_WINDOW, MAX_WINDOW};
-use crate::report::{RoundSummary, Table};
+use crate::report::gate::Assertion;
+use crate::report::{compare, RoundSummary, Table};
 use crate::service::{Downstream, RigService};
 use crate::units;
 use crate::workload::Workload;
@@ -34,20 +35,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run an experiment: servers, proxies and every cell, then the report (the main job).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the comparison table of results CSVs (from one run or many runs and hosts).
-    Report {
-        /// Results CSV files.
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// Also write a self-contained HTML report (tables and SVG plots) to this file.
-        #[arg(long)]
-        html: Option<PathBuf>,
-        /// How a cell's rounds are combined: mean (total time averaged, histograms merged) or
-        /// median (the round with the median total time stands for the cell).
-        #[arg(long, value_parser = RoundSummary::parse, default_value = "mean")]
-        rounds: RoundSummary,
-    },
+    Report(ReportArgs),
     /// Run a fault proxy between clients and one upstream server, or (--api) a Toxiproxy-style
     /// control API hosting any number of named proxies.
     Proxy(ProxyArgs),
@@ -78,6 +68,48 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<String>,
     },
+}
+
+/// What to check and write after a report: shared by `run` and `report`, so the two take the
+/// same flags with the same meaning.
+#[derive(Debug, Args)]
+pub struct ReportFlags {
+    /// A gate: exit 1 unless every cell it applies to meets EXPR, e.g. 'p99 < 300ms',
+    /// 'failed == 0', 'per-call/single < 3' (repeat for more; README, "Gates").
+    #[arg(long = "assert", value_name = "EXPR", value_parser = Assertion::parse)]
+    pub assert: Vec<Assertion>,
+    /// Write the summary (every cell's figures, the findings, the gates) as JSON to FILE; `-`
+    /// prints it on standard output in place of the text table.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Results CSV files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Also write a self-contained HTML report (tables and SVG plots) to this file.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// How a cell's rounds are combined: mean (total time averaged, histograms merged) or
+    /// median (the round with the median total time stands for the cell).
+    #[arg(long, value_parser = RoundSummary::parse, default_value = "mean")]
+    pub rounds: RoundSummary,
+    /// Results CSV(s) to compare against: per-cell deltas of p50, p99, calls/s and failures,
+    /// regressions flagged (repeat for more files).
+    #[arg(long, value_name = "OLD.csv")]
+    pub baseline: Vec<PathBuf>,
+    /// With --baseline: how far p50 or p99 may rise, or calls/s fall, before it is a
+    /// regression (a larger share of failed calls always is).
+    #[arg(long, value_parser = compare::parse_threshold, default_value = "10%",
+          requires = "baseline")]
+    pub threshold: f64,
+    /// With --baseline: exit 1 when any cell regressed.
+    #[arg(long, requires = "baseline")]
+    pub fail_on_regression: bool,
+    #[command(flatten)]
+    pub flags: ReportFlags,
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +171,8 @@ pub struct RunArgs {
     /// The CSV's host column (default: this machine's name).
     #[arg(long)]
     pub host: Option<String>,
+    #[command(flatten)]
+    pub report: ReportFlags,
 }
 
 #[derive(Debug, Args)]
@@ -517,12 +551,8 @@ impl std::fmt::Display for CliError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Run(args) => run_experiment(args),
-        Command::Report {
-            files,
-            html,
-            rounds,
-        } => report(&files, html.as_deref(), rounds),
+        Command::Run(args) => run_experiment(*args),
+        Command::Report(args) => report(args),
         Command::Proxy(args) if args.api.is_some() => control_api(args),
         Command::Proxy(args) => proxy(args),
         Command::Ctl(args) => ctl(args),
@@ -1181,17 +1211,94 @@ fn run_experiment(args: RunArgs) -> Result<(), CliError> {
     let table = Table::build(&rows, experiment.round_summary)
         .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
     let html = files.dir.join("report.html");
-    write_html(&html, &format!("faultrig run {run_id}"), &table, rows.len())?;
-    let mut out = std::io::stdout();
-    let _ = writeln!(out, "\n{}", table.render());
-    let _ = writeln!(
-        out,
+    let title = format!("faultrig run {run_id}");
+    let done = format!(
         "{} rows in {}; report in {}",
         rows.len(),
         files.csv.display(),
         html.display()
     );
-    Ok(())
+    println!();
+    finish_report(
+        &table,
+        rows.len(),
+        &args.report,
+        None,
+        Some((&html, &title)),
+        &done,
+    )
+}
+
+/// What `run` and `report` do with a finished table: print it (or its JSON), write the HTML
+/// and JSON files asked for, then check the gates and the baseline, exit 1 naming every cell
+/// that failed one. The files are written first, so a failed gate still leaves its report.
+fn finish_report(
+    table: &Table,
+    rows: usize,
+    flags: &ReportFlags,
+    baseline: Option<(&compare::Comparison, bool)>,
+    html: Option<(&std::path::Path, &str)>,
+    done: &str,
+) -> Result<(), CliError> {
+    let checks = crate::report::gate::check(table, &flags.assert);
+    let comparison = baseline.map(|(c, _)| c);
+    if let Some((path, title)) = html {
+        write_html(path, title, table, rows)?;
+    }
+    let json = || crate::report::json::summary(table, rows, &checks, comparison);
+    let mut out = std::io::stdout();
+    match flags.json.as_deref() {
+        Some(p) if p == std::path::Path::new("-") => {
+            let _ = writeln!(out, "{}", json());
+        }
+        other => {
+            if let Some(path) = other {
+                std::fs::write(path, json() + "\n").map_err(|e| {
+                    CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display()))
+                })?;
+            }
+            let _ = write!(out, "{}", table.render());
+            if let Some(c) = comparison {
+                let _ = write!(out, "{}", c.render());
+            }
+            if !checks.is_empty() {
+                let _ = write!(out, "\n{}", crate::report::gate::render(&checks));
+            }
+            if !done.is_empty() {
+                let _ = writeln!(out, "{done}");
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    let failed: Vec<_> = checks.iter().filter(|c| !c.holds).collect();
+    if !failed.is_empty() {
+        // Each cell is named in the report above (or the JSON); here, which gates failed where.
+        let mut gates: Vec<(&str, usize)> = Vec::new();
+        for c in &failed {
+            match gates.iter_mut().find(|(a, _)| *a == c.assertion) {
+                Some((_, n)) => *n += 1,
+                None => gates.push((&c.assertion, 1)),
+            }
+        }
+        let gates: Vec<String> = gates
+            .iter()
+            .map(|(a, n)| format!("'{a}' in {n} cell(s)"))
+            .collect();
+        failures.push(format!("--assert failed: {}", gates.join(", ")));
+    }
+    if let Some((c, true)) = baseline {
+        if c.regressions() > 0 {
+            failures.push(format!(
+                "--fail-on-regression: {} of {} cells regressed against the baseline",
+                c.regressions(),
+                c.deltas.len()
+            ));
+        }
+    }
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(CliError::Failed(anyhow::anyhow!(failures.join("\n")))),
+    }
 }
 
 fn write_html(
@@ -1206,19 +1313,32 @@ fn write_html(
         .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))
 }
 
-fn report(
-    files: &[PathBuf],
-    html: Option<&std::path::Path>,
-    rounds: RoundSummary,
-) -> Result<(), CliError> {
+/// Reads and combines results files: bad input (a missing or foreign file, a broken row) is
+/// a usage error naming the file.
+fn read_table(files: &[PathBuf], rounds: RoundSummary) -> Result<(Table, usize), CliError> {
     let mut rows = Vec::new();
     for f in files {
         rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
     }
     let table = Table::build(&rows, rounds).map_err(CliError::Usage)?;
-    let _ = write!(std::io::stdout(), "{}", table.render());
-    if let Some(path) = html {
-        write_html(path, "faultrig report", &table, rows.len())?;
-    }
-    Ok(())
+    Ok((table, rows.len()))
+}
+
+fn report(args: ReportArgs) -> Result<(), CliError> {
+    let (table, rows) = read_table(&args.files, args.rounds)?;
+    let comparison = if args.baseline.is_empty() {
+        None
+    } else {
+        let (old, _) = read_table(&args.baseline, args.rounds)?;
+        Some(compare::compare(&old, &table, args.threshold))
+    };
+    let html = args.html.as_deref().map(|p| (p, "faultrig report"));
+    finish_report(
+        &table,
+        rows,
+        &args.flags,
+        comparison.as_ref().map(|c| (c, args.fail_on_regression)),
+        html,
+        "",
+    )
 }

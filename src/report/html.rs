@@ -13,12 +13,13 @@ const WIDTH: u32 = 900;
 /// The whole page for a table built from `rows` rows.
 pub fn page(title: &str, table: &Table, rows: usize) -> Result<String, String> {
     let mut html = head(title);
+    html += &findings_html(table);
     let _ = writeln!(
         html,
-        "<p>{rows} rows; {}.</p>",
+        "<p>{rows} rows; {}. Hover over a column's name for what it means; - is not measured.</p>",
         escape(table.summary.explain()),
     );
-    html += &html_table(table);
+    html += &html_tables(table);
     for (pi, profile) in table.profiles.iter().enumerate() {
         let _ = writeln!(html, "<h2>Latency CDF: {}</h2>", escape(profile));
         html += &cdf_svg(table, pi).map_err(|e| format!("plot: {e}"))?;
@@ -38,7 +39,7 @@ pub(crate) fn head(title: &str) -> String {
          td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
          th{{background:#f4f4f4}} td:first-child{{text-align:left}}\
          .legend{{display:flex;flex-wrap:wrap;gap:2px 16px;max-width:900px;font-size:13px}}\
-         .legend i{{display:inline-block;width:18px;height:3px;margin:0 6px 4px 0}}\
+         .legend i{{display:inline-block;width:26px;height:0;margin:0 6px 4px 0}}\
          </style></head><body>\n<h1>{t}</h1>\n",
         t = escape(title),
     )
@@ -46,50 +47,116 @@ pub(crate) fn head(title: &str) -> String {
 
 pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
+        .replace('"', "&quot;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-fn html_table(t: &Table) -> String {
-    let mut h = String::from("<table><tr><th rowspan=2>flavour mode</th>");
-    for p in &t.profiles {
-        let _ = write!(h, "<th colspan=4>{}</th>", escape(p));
+/// The findings, as a list at the top of the page (or why there are none).
+fn findings_html(t: &Table) -> String {
+    let found = super::findings::findings(t);
+    if found.is_empty() {
+        return format!("<p><b>Findings:</b> {}</p>\n", super::findings::NONE);
     }
-    h += "</tr><tr>";
-    for _ in &t.profiles {
-        h += "<th>total ms</th><th>calls/s</th><th>p99 ms</th><th>failed</th>";
+    let mut h = String::from("<h2>Findings</h2>\n<ul class=findings>\n");
+    for f in found {
+        let _ = writeln!(h, "<li>{}</li>", escape(&f));
     }
-    h += "</tr>\n";
-    for (ri, name) in t.rows.iter().enumerate() {
-        let _ = write!(h, "<tr><td>{}</td>", escape(name));
-        for pi in 0..t.profiles.len() {
-            match t.cells.get(&(ri, pi)) {
-                Some(c) if !c.latency.is_empty() => {
-                    let _ = write!(
-                        h,
-                        "<td>{:.1}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td>",
-                        c.mean_total_ms,
-                        c.calls_per_sec,
-                        c.latency.value_at_quantile(0.99) as f64 / 1e3,
-                        c.failed
-                    );
-                }
-                Some(c) => {
-                    let _ = write!(
-                        h,
-                        "<td>{:.1}</td><td>{:.0}</td><td>-</td><td>{}</td>",
-                        c.mean_total_ms, c.calls_per_sec, c.failed
-                    );
-                }
-                None => h += "<td></td><td></td><td></td><td></td>",
-            }
+    h + "</ul>\n"
+}
+
+/// A table per profile, every column ([`super::COLUMNS`], their meaning on hover).
+fn html_tables(t: &Table) -> String {
+    let mut h = String::new();
+    for (pi, profile) in t.profiles.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<h2>{}</h2>\n<table class=cells><tr><th>flavour mode</th>",
+            escape(profile)
+        );
+        for (name, meaning) in super::COLUMNS {
+            let _ = write!(h, "<th title=\"{}\">{}</th>", escape(meaning), escape(name));
         }
         h += "</tr>\n";
+        for (ri, name) in t.rows.iter().enumerate() {
+            let Some(columns) = t.columns(ri, pi) else {
+                continue;
+            };
+            let _ = write!(h, "<tr><td>{}</td>", escape(name));
+            for c in columns {
+                let _ = write!(h, "<td>{}</td>", escape(&c));
+            }
+            h += "</tr>\n";
+        }
+        h += "</table>\n";
     }
-    h + "</table>\n"
+    h
 }
 
 pub(crate) type PlotResult = Result<String, Box<dyn std::error::Error>>;
+
+/// Colours told apart by most eyes (Okabe and Ito's eight, less yellow, which vanishes on
+/// white, plus three): a flavour keeps its colour in every panel.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0, 114, 178),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(213, 94, 0),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+    RGBColor(140, 86, 75),
+    RGBColor(128, 128, 128),
+    RGBColor(188, 189, 34),
+];
+
+/// Dash and gap, px, by mode in the order modes first appear: solid, dashed, dotted, long.
+const DASHES: [Option<(u32, u32)>; 4] = [None, Some((9, 5)), Some((2, 4)), Some((16, 5))];
+
+/// How a line looks: colour by flavour, dash by mode.
+#[derive(Clone, Copy)]
+pub(crate) struct Look {
+    colour: RGBColor,
+    dash: Option<(u32, u32)>,
+}
+
+impl Look {
+    fn css(self) -> String {
+        let RGBColor(r, g, b) = self.colour;
+        let style = match self.dash {
+            None => "solid",
+            Some((d, _)) if d <= 3 => "dotted",
+            Some(_) => "dashed",
+        };
+        format!("border-top:3px {style} #{r:02x}{g:02x}{b:02x}")
+    }
+}
+
+/// One line of a CDF: its name in the legend, its look, (value, fraction at or below) points
+/// in increasing order.
+pub(crate) struct Series {
+    name: String,
+    look: Look,
+    points: Vec<(f64, f64)>,
+}
+
+/// A row's look in the report's plots: its flavour's colour and its mode's dash, by the order
+/// flavours and modes first appear in the table.
+fn look(t: &Table, ri: usize) -> Look {
+    let first_seen = |f: &dyn Fn(&super::RowKey) -> &str| {
+        let mut seen: Vec<&str> = Vec::new();
+        for k in &t.keys {
+            if !seen.contains(&f(k)) {
+                seen.push(f(k));
+            }
+        }
+        seen.iter().position(|x| *x == f(&t.keys[ri])).unwrap_or(0)
+    };
+    Look {
+        colour: PALETTE[first_seen(&|k| &k.flavour) % PALETTE.len()],
+        dash: DASHES[first_seen(&|k| &k.mode) % DASHES.len()],
+    }
+}
 
 fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
     let mut series = Vec::new();
@@ -113,22 +180,75 @@ fn cdf_svg(t: &Table, profile: usize) -> PlotResult {
                 )
             })
             .collect();
-        series.push((name.clone(), points));
+        series.push(Series {
+            name: name.clone(),
+            look: look(t, ri),
+            points,
+        });
     }
-    cdf_plot(&series, "latency, ms (log scale)")
+    styled_cdf_plot(&series, "latency, ms (log scale)")
 }
 
 /// Cumulative distributions overlaid on one log-scale plot, one line per named series of
-/// (value, fraction at or below it) points in increasing order, with an HTML legend under it.
+/// (value, fraction at or below it) points in increasing order, each in a colour of its own,
+/// with an HTML legend under it.
 pub(crate) fn cdf_plot(series: &[(String, Vec<(f64, f64)>)], x_desc: &str) -> PlotResult {
-    let series: Vec<_> = series.iter().filter(|(_, p)| !p.is_empty()).collect();
+    let series: Vec<Series> = series
+        .iter()
+        .enumerate()
+        .map(|(i, (name, points))| Series {
+            name: name.clone(),
+            look: Look {
+                colour: PALETTE[i % PALETTE.len()],
+                dash: None,
+            },
+            points: points.clone(),
+        })
+        .collect();
+    styled_cdf_plot(&series, x_desc)
+}
+
+/// Tick values for a log axis from `lo` to `hi`: the powers of ten, and 2× and 5× them too
+/// when fewer than three powers fall inside (so a narrow axis still has labels near its
+/// lines). Decades only otherwise: 1-2-5 steps on a wide axis crowd into each other near every
+/// power.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let decades = |steps: &[f64]| -> Vec<f64> {
+        let mut ticks = Vec::new();
+        for e in lo.log10().floor() as i32..=hi.log10().ceil() as i32 {
+            for s in steps {
+                // Formatted and read back, so 10^-3 is 0.001 and not 0.0010000000000000002.
+                let v: f64 = format!("{:e}", s * 10f64.powi(e)).parse().unwrap_or(0.0);
+                if (lo..=hi).contains(&v) {
+                    ticks.push(v);
+                }
+            }
+        }
+        ticks
+    };
+    match decades(&[1.0]) {
+        ticks if ticks.len() >= 3 => ticks,
+        _ => decades(&[1.0, 2.0, 5.0]),
+    }
+}
+
+/// A tick's label: `0.01`, `1`, `1000`, never `1e3`.
+fn tick_label(v: &f64) -> String {
+    format!("{v}")
+}
+
+fn styled_cdf_plot(series: &[Series], x_desc: &str) -> PlotResult {
+    let series: Vec<_> = series.iter().filter(|s| !s.points.is_empty()).collect();
     if series.is_empty() {
         return Ok("<p>no successful calls</p>\n".into());
     }
-    let lo = series.iter().map(|(_, p)| p[0].0).fold(f64::MAX, f64::min);
+    let lo = series
+        .iter()
+        .map(|s| s.points[0].0)
+        .fold(f64::MAX, f64::min);
     let hi = series
         .iter()
-        .map(|(_, p)| p[p.len() - 1].0)
+        .map(|s| s.points[s.points.len() - 1].0)
         .fold(0f64, f64::max);
     let mut svg = String::new();
     let (lo, hi) = ((lo * 0.8).max(0.001), (hi * 1.25).max(0.002));
@@ -139,30 +259,39 @@ pub(crate) fn cdf_plot(series: &[(String, Vec<(f64, f64)>)], x_desc: &str) -> Pl
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(50)
-            .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)?;
+            .build_cartesian_2d(
+                (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+                0f64..1.0,
+            )?;
         chart
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc("fraction of calls")
+            .x_label_formatter(&tick_label)
+            // The fine grid between ticks is noise behind a dozen lines.
+            .light_line_style(TRANSPARENT)
             .draw()?;
-        for (i, (_, points)) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            chart.draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(2),
-            ))?;
+        for s in &series {
+            let style = s.look.colour.stroke_width(2);
+            let points = s.points.iter().copied();
+            match s.look.dash {
+                None => chart.draw_series(LineSeries::new(points, style))?,
+                Some((dash, gap)) => {
+                    chart.draw_series(DashedLineSeries::new(points, dash, gap, style))?
+                }
+            };
         }
         root.present()?;
     }
     // The legend is HTML under the plot: drawn inside it, a sweep's thirty series would cover
     // the very lines they name.
     let mut legend = String::from("<div class=legend>");
-    for (i, (name, _)) in series.iter().enumerate() {
-        let (r, g, b) = Palette99::pick(i).to_rgba().rgb();
+    for s in &series {
         let _ = write!(
             legend,
-            "<span><i style=\"background:#{r:02x}{g:02x}{b:02x}\"></i>{}</span>",
-            escape(name)
+            "<span><i style=\"{}\"></i>{}</span>",
+            s.look.css(),
+            escape(&s.name)
         );
     }
     Ok(svg + "\n" + &legend + "</div>\n")
@@ -174,7 +303,12 @@ fn bars_svg(t: &Table) -> PlotResult {
         for (pi, profile) in t.profiles.iter().enumerate() {
             if let Some(c) = t.cells.get(&(ri, pi)).filter(|c| !c.latency.is_empty()) {
                 let ms = |q| c.latency.value_at_quantile(q) as f64 / 1e3;
-                bars.push((format!("{name} @ {profile}"), ms(0.5), ms(0.99)));
+                bars.push((
+                    format!("{name} @ {profile}"),
+                    ms(0.5),
+                    ms(0.99),
+                    look(t, ri),
+                ));
             }
         }
     }
@@ -194,29 +328,81 @@ fn bars_svg(t: &Table) -> PlotResult {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(260)
-            .build_cartesian_2d((lo..hi).log_scale(), (0..n).into_segmented())?;
+            .build_cartesian_2d(
+                (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+                (0..n).into_segmented(),
+            )?;
         // Segment i is drawn from the bottom; list the first cell at the top.
         let row = |i: usize| n - 1 - i;
         chart
             .configure_mesh()
-            .x_desc("latency, ms (log scale): p50 dark, p99 light")
+            .x_desc("latency, ms (log scale): p50 solid, p99 light; colour by flavour")
+            .x_label_formatter(&tick_label)
+            .light_line_style(TRANSPARENT)
             .y_labels(n)
             .y_label_formatter(&|v| match v {
                 SegmentValue::CenterOf(i) if *i < n => labels[row(*i)].clone(),
                 _ => String::new(),
             })
             .draw()?;
-        for (i, (_, p50, p99)) in bars.iter().enumerate() {
+        for (i, (_, p50, p99, look)) in bars.iter().enumerate() {
             let (bottom, top) = (SegmentValue::Exact(row(i)), SegmentValue::Exact(row(i) + 1));
             chart.draw_series([
                 Rectangle::new(
                     [(lo, bottom.clone()), (*p99, top.clone())],
-                    BLUE.mix(0.3).filled(),
+                    look.colour.mix(0.3).filled(),
                 ),
-                Rectangle::new([(lo, bottom), (*p50, top)], BLUE.filled()),
+                Rectangle::new([(lo, bottom), (*p50, top)], look.colour.filled()),
             ])?;
         }
         root.present()?;
     }
     Ok(svg + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::crafted;
+    use crate::report::RoundSummary;
+
+    #[test]
+    fn the_page_opens_with_findings_and_has_a_table_and_a_cdf_per_profile() {
+        let t = Table::build(&crafted(), RoundSummary::Mean).unwrap();
+        let page = page("t", &t, 8).unwrap();
+        let findings = page.find("<h2>Findings</h2>").expect("findings");
+        assert!(
+            findings < page.find("<table").unwrap(),
+            "findings come first"
+        );
+        assert!(page.contains("costs 2.70–2.80× the p50"));
+        assert!(page.contains("<td>tcp-binary per-call</td>"));
+        assert!(page.contains("<td>2.80</td><td>1.06</td></tr>"));
+        let mut twice: Vec<String> = vec![
+            "<table class=cells>".into(), // a table per profile
+            "<h2>Latency CDF: ".into(),   // a CDF per profile
+            // Colour by flavour, dash by mode: grpc's lines one colour, per-call's dashed.
+            "border-top:3px solid #0072b2".into(),
+            "border-top:3px dashed #0072b2".into(),
+            "border-top:3px dashed #e69f00".into(),
+        ];
+        twice.extend(crate::report::COLUMNS.map(|(name, _)| format!(">{}</th>", escape(name))));
+        for needle in twice {
+            assert_eq!(page.matches(&needle).count(), 2, "{needle}");
+        }
+        assert_eq!(page.matches("<li>").count(), 4);
+        assert!(page.contains("stroke=\"#E69F00\"") || page.contains("stroke=\"#e69f00\""));
+    }
+
+    #[test]
+    fn log_axes_tick_decades_and_add_steps_only_on_a_narrow_axis() {
+        assert_eq!(log_ticks(0.03, 1500.0), [0.1, 1.0, 10.0, 100.0, 1000.0]);
+        assert_eq!(log_ticks(0.0008, 0.2), [0.001, 0.01, 0.1]);
+        assert_eq!(
+            log_ticks(16.0, 1300.0),
+            [20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+        );
+        assert_eq!(tick_label(&0.001), "0.001");
+        assert_eq!(tick_label(&1000.0), "1000");
+    }
 }

@@ -9,7 +9,12 @@
 //! its own: another run appended to the same CSV, or the same round number measured an hour
 //! later, is averaged with the rest, never added.
 
+pub mod compare;
+pub mod findings;
+pub mod gate;
 pub mod html;
+pub mod json;
+pub mod metric;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use hdrhistogram::Histogram;
 
 use crate::results::{new_histogram, Row};
+use metric::Metric;
 
 /// How a cell's rounds become one figure.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,6 +44,14 @@ impl RoundSummary {
             _ => Err(format!(
                 "unknown round summary \"{s}\" (use mean or median)"
             )),
+        }
+    }
+
+    /// The name `--rounds` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RoundSummary::Mean => "mean",
+            RoundSummary::Median => "median",
         }
     }
 
@@ -72,6 +86,18 @@ pub struct Cell {
     pub failed: u64,
     /// The combined rows' latency histograms, merged.
     pub latency: Histogram<u64>,
+    /// Client bytes written and read per call, all framing included: the calls-weighted mean
+    /// of the rows that have them; None when no row does (so unknown never reads as 0).
+    pub req_bytes: Option<f64>,
+    pub resp_bytes: Option<f64>,
+    /// The server's CPU time per 1000 calls, ms, over the rows that measured it.
+    pub server_cpu_ms_per_1k: Option<f64>,
+    /// The largest server RSS any row saw, KiB.
+    pub server_rss_peak_kb: Option<u64>,
+    /// Connections opened per round (rows that ran at once add up, as their calls/s do).
+    pub conns_opened: f64,
+    /// Retransmission stalls (both directions) per 1000 calls, over the rows that count them.
+    pub stalls_per_1k: Option<f64>,
 }
 
 impl Cell {
@@ -86,6 +112,28 @@ impl Cell {
             calls: 0,
             failed: 0,
             latency: new_histogram(),
+            req_bytes: per_call(
+                rows,
+                |r| r.req_bytes.map(|b| b as f64 * r.calls as f64),
+                1.0,
+            ),
+            resp_bytes: per_call(
+                rows,
+                |r| r.resp_bytes.map(|b| b as f64 * r.calls as f64),
+                1.0,
+            ),
+            server_cpu_ms_per_1k: per_call(rows, |r| r.server_cpu_ms.map(|ms| ms as f64), 1e3),
+            server_rss_peak_kb: rows.iter().filter_map(|r| r.server_rss_kb).max(),
+            conns_opened: rows.iter().map(|r| r.conns_opened as f64).sum::<f64>()
+                / rounds.len().max(1) as f64,
+            stalls_per_1k: per_call(
+                rows,
+                |r| match (r.stalls_up, r.stalls_down) {
+                    (None, None) => None,
+                    (up, down) => Some((up.unwrap_or(0) + down.unwrap_or(0)) as f64),
+                },
+                1e3,
+            ),
         };
         for r in rows {
             cell.calls += r.calls;
@@ -114,6 +162,19 @@ impl Cell {
         let middle = (rounds.len() - 1) / 2;
         Ok(rounds.swap_remove(middle))
     }
+}
+
+/// `scale` × the sum of `total` over the rows that have it, divided by those rows' calls: a
+/// per-call figure that neither counts a row without the measurement as 0 nor lets rows of
+/// different lengths weigh the same. None when no row has it, or those rows made no calls.
+fn per_call(rows: &[&Row], total: impl Fn(&Row) -> Option<f64>, scale: f64) -> Option<f64> {
+    let (sum, calls) = rows
+        .iter()
+        .filter_map(|r| total(r).map(|t| (t, r.calls)))
+        .fold((None, 0u64), |(sum, calls), (t, c)| {
+            (Some(sum.unwrap_or(0.0) + t), calls + c)
+        });
+    sum.filter(|_| calls > 0).map(|s| scale * s / calls as f64)
 }
 
 /// A cell's rows grouped into rounds as they ran: rows of one round number from different runs
@@ -163,7 +224,9 @@ fn measured(r: &Row) -> Option<(SystemTime, SystemTime)> {
 /// A table: row keys in first-seen order, profile columns in first-seen order.
 #[derive(Debug, Default)]
 pub struct Table {
+    /// Row names, and the keys they name (the same order).
     pub rows: Vec<String>,
+    pub keys: Vec<RowKey>,
     pub profiles: Vec<String>,
     pub cells: BTreeMap<(usize, usize), Cell>,
     /// How the cells' rounds were combined.
@@ -172,22 +235,81 @@ pub struct Table {
     pub hosts: Vec<String>,
 }
 
-fn row_key(r: &Row) -> String {
-    let mut key = format!("{} {}", r.flavour, r.mode);
-    if r.workload != "order" {
-        key += &format!(" {}", r.workload);
+/// What a table row stands for: the axes a cell varies over, besides the profile. Rows of
+/// the same key are one cell; the ratios compare rows that differ in one axis only (the mode,
+/// or the flavour), so the key is kept whole, not only as its display name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowKey {
+    pub flavour: String,
+    pub mode: String,
+    pub workload: String,
+    pub concurrency: u32,
+    /// Only when off: rows from before the column had it on, and are the same cell.
+    pub nagle: bool,
+    /// Only when not `one` (the default, and what older rows did).
+    pub write_pattern: Option<String>,
+}
+
+impl RowKey {
+    fn of(r: &Row) -> RowKey {
+        RowKey {
+            flavour: r.flavour.clone(),
+            mode: r.mode.clone(),
+            workload: r.workload.clone(),
+            concurrency: r.concurrency,
+            nagle: r.nodelay == Some(false),
+            write_pattern: r.write_pattern.clone().filter(|p| p != "one"),
+        }
     }
-    if r.concurrency != 1 {
-        key += &format!(" c={}", r.concurrency);
+
+    /// The axes besides flavour and mode, as the row's name shows them (defaults left out).
+    fn axes(&self) -> String {
+        let mut key = String::new();
+        if self.workload != "order" {
+            key += &format!(" {}", self.workload);
+        }
+        if self.concurrency != 1 {
+            key += &format!(" c={}", self.concurrency);
+        }
+        // The socket-option axes, named only when they differ from the defaults older rows had.
+        if self.nagle {
+            key += " nagle";
+        }
+        if let Some(pattern) = &self.write_pattern {
+            key += &format!(" {pattern}");
+        }
+        key
     }
-    // The socket-option axes, named only when they differ from the defaults older rows had.
-    if r.nodelay == Some(false) {
-        key += " nagle";
+
+    /// The row's name in tables: `FLAVOUR MODE` and any axis off its default.
+    pub fn name(&self) -> String {
+        format!("{} {}{}", self.flavour, self.mode, self.axes())
     }
-    if let Some(pattern) = r.write_pattern.as_deref().filter(|p| *p != "one") {
-        key += &format!(" {pattern}");
+
+    /// Every axis spelt out, for messages that must name a cell without the table around them.
+    pub fn describe(&self) -> String {
+        let mut d = format!(
+            "flavour={} mode={} workload={} concurrency={}",
+            self.flavour, self.mode, self.workload, self.concurrency
+        );
+        if self.nagle {
+            d += " nodelay=false";
+        }
+        if let Some(pattern) = &self.write_pattern {
+            d += &format!(" write_pattern={pattern}");
+        }
+        d
     }
-    key
+
+    /// Whether `other` is this row but for the mode.
+    fn same_but_mode(&self, other: &RowKey) -> bool {
+        self.flavour == other.flavour && self.axes() == other.axes()
+    }
+
+    /// Whether `other` is this row but for the flavour.
+    fn same_but_flavour(&self, other: &RowKey) -> bool {
+        self.mode == other.mode && self.axes() == other.axes()
+    }
 }
 
 impl Table {
@@ -205,7 +327,11 @@ impl Table {
                 None | Some("model") => profile,
                 Some(engine) => format!("{profile} [{engine}]"),
             };
-            let ri = index_of(&mut t.rows, row_key(r));
+            let key = RowKey::of(r);
+            let ri = index_of(&mut t.rows, key.name());
+            if ri == t.keys.len() {
+                t.keys.push(key);
+            }
             let pi = index_of(&mut t.profiles, profile);
             groups.entry((ri, pi)).or_default().push(r);
         }
@@ -219,11 +345,92 @@ impl Table {
         Ok(t)
     }
 
-    /// Plain-text rendering: mean total time, p99 and failures per cell.
-    pub fn render(&self) -> String {
-        let width = self.rows.iter().map(String::len).max().unwrap_or(0).max(14);
+    /// The cell at row `ri`, profile `pi`.
+    pub fn cell(&self, ri: usize, pi: usize) -> Option<&Cell> {
+        self.cells.get(&(ri, pi))
+    }
+
+    /// The row of `ri`'s flavour and other axes, in `mode`.
+    pub fn partner(&self, ri: usize, mode: &str) -> Option<usize> {
+        let key = &self.keys[ri];
+        self.keys
+            .iter()
+            .position(|k| k.mode == mode && key.same_but_mode(k))
+    }
+
+    /// `m` of the cell (ri, pi) over `m` of the same flavour, axes and profile in `mode`: how
+    /// many times a connection strategy costs another. None without both values, or when the
+    /// denominator is 0.
+    pub fn over_mode(&self, ri: usize, pi: usize, mode: &str, m: Metric) -> Option<f64> {
+        let other = self.partner(ri, mode)?;
+        ratio(
+            self.cell(ri, pi)?.value(m)?,
+            self.cell(other, pi)?.value(m)?,
+        )
+    }
+
+    /// A cell's p50 over its single-connection partner's: the table's `÷single`. None for a
+    /// single cell itself (its ratio to itself says nothing).
+    pub fn over_single(&self, ri: usize, pi: usize) -> Option<f64> {
+        (self.keys[ri].mode != "single")
+            .then(|| self.over_mode(ri, pi, "single", Metric::P50))
+            .flatten()
+    }
+
+    /// The rows that differ from `ri` in flavour only (`ri` too), with their `m` under
+    /// profile `pi`, those that have it.
+    pub fn flavours(&self, ri: usize, pi: usize, m: Metric) -> Vec<(usize, f64)> {
+        let key = &self.keys[ri];
+        (0..self.keys.len())
+            .filter(|&o| key.same_but_flavour(&self.keys[o]))
+            .filter_map(|o| Some((o, self.cell(o, pi)?.value(m)?)))
+            .collect()
+    }
+
+    /// The flavour with the lowest `m` among the rows that differ from `ri` in flavour only,
+    /// under profile `pi`; and `ri`'s `m` over it. `m` is a latency (lower is faster). None
+    /// unless two flavours or more have the figure.
+    pub fn over_fastest(&self, ri: usize, pi: usize, m: Metric) -> Option<(usize, f64)> {
+        let flavours = self.flavours(ri, pi, m);
+        // One flavour alone is not the fastest of anything.
+        if flavours.len() < 2 {
+            return None;
+        }
+        let fastest = flavours.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        Some((fastest.0, ratio(self.cell(ri, pi)?.value(m)?, fastest.1)?))
+    }
+
+    /// A cell's figures as the table columns ([`COLUMNS`]) show them; `-` for a measurement
+    /// the cell lacks, empty for a ratio that has no partner.
+    pub fn columns(&self, ri: usize, pi: usize) -> Option<Vec<String>> {
+        let c = self.cell(ri, pi)?;
+        let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".into(), f);
+        let ms = |m| opt(c.value(m), &metric::format_ms);
+        let whole = |v: Option<f64>| opt(v, &|v| format!("{v:.0}"));
+        let tenths = |v: Option<f64>| opt(v, &|v| format!("{v:.1}"));
+        let times = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
+        let single = self.over_single(ri, pi);
+        Some(vec![
+            format!("{:.1}", c.mean_total_ms),
+            format!("{:.0}", c.calls_per_sec),
+            ms(Metric::P50),
+            ms(Metric::P99),
+            c.failed.to_string(),
+            whole(c.req_bytes),
+            whole(c.resp_bytes),
+            tenths(c.server_cpu_ms_per_1k),
+            tenths(c.server_rss_peak_kb.map(|kb| kb as f64 / 1024.0)),
+            tenths(Some(c.conns_opened)),
+            tenths(c.stalls_per_1k),
+            times(single),
+            times(self.over_fastest(ri, pi, Metric::P50).map(|(_, r)| r)),
+        ])
+    }
+
+    /// What the text report says first: how the numbers were made, and which rows were taken
+    /// to have run at once (calls/s depend on it).
+    pub fn preamble(&self) -> String {
         let mut out = format!("({})\n", self.summary.explain());
-        // Say which rows were taken to have run at once, and why, since calls/s depend on it.
         let at_once = self.cells.values().any(|c| c.rows > c.rounds);
         if at_once {
             let _ = writeln!(
@@ -243,45 +450,103 @@ impl Table {
                 self.hosts.join(", ")
             );
         }
-        let _ = write!(out, "{:<width$}", "flavour mode");
-        for p in &self.profiles {
-            let _ = write!(out, " | {:^41}", p);
-        }
-        out.push('\n');
-        let _ = write!(out, "{:<width$}", "");
-        for _ in &self.profiles {
-            let _ = write!(
-                out,
-                " | {:>10} {:>10} {:>10} {:>8}",
-                "total ms", "calls/s", "p99 ms", "failed"
-            );
-        }
-        out.push('\n');
-        for (ri, name) in self.rows.iter().enumerate() {
-            let _ = write!(out, "{name:<width$}");
-            for pi in 0..self.profiles.len() {
-                match self.cells.get(&(ri, pi)) {
-                    Some(c) => {
-                        let p99 = if c.latency.is_empty() {
-                            "-".to_string()
-                        } else {
-                            format!("{:.1}", c.latency.value_at_quantile(0.99) as f64 / 1e3)
-                        };
-                        let _ = write!(
-                            out,
-                            " | {:>10.1} {:>10.0} {:>10} {:>8}",
-                            c.mean_total_ms, c.calls_per_sec, p99, c.failed
-                        );
-                    }
-                    None => {
-                        let _ = write!(out, " | {:>10} {:>10} {:>10} {:>8}", "", "", "", "");
-                    }
-                }
-            }
-            out.push('\n');
-        }
         out
     }
+
+    /// Plain-text rendering: the findings, then a table per profile with every column.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        match findings::findings(self).as_slice() {
+            [] => {
+                let _ = writeln!(out, "Findings: {}", findings::NONE);
+            }
+            found => {
+                out += "Findings:\n";
+                for f in found {
+                    let _ = writeln!(out, "- {f}");
+                }
+            }
+        }
+        out.push('\n');
+        out += &self.preamble();
+        let width = self.rows.iter().map(String::len).max().unwrap_or(0).max(14);
+        for (pi, profile) in self.profiles.iter().enumerate() {
+            let _ = write!(out, "\n{:<width$}", profile);
+            for (name, _) in COLUMNS {
+                let _ = write!(out, " {name:>9}");
+            }
+            out.push('\n');
+            for (ri, name) in self.rows.iter().enumerate() {
+                let Some(columns) = self.columns(ri, pi) else {
+                    continue;
+                };
+                let _ = write!(out, "{name:<width$}");
+                for c in columns {
+                    let _ = write!(out, " {c:>9}");
+                }
+                out.push('\n');
+            }
+        }
+        out += COLUMNS_NOTE;
+        out.push('\n');
+        out
+    }
+}
+
+/// The table's columns, with what each means (the HTML shows it on hover).
+pub const COLUMNS: [(&str, &str); 13] = [
+    (
+        "total ms",
+        "time the cell's calls took (mean over rounds, or the median round's)",
+    ),
+    (
+        "calls/s",
+        "calls per second: rows that ran at once add up, rounds are averaged",
+    ),
+    (
+        "p50 ms",
+        "median latency of successful calls, every round merged",
+    ),
+    (
+        "p99 ms",
+        "99th percentile latency of successful calls, every round merged",
+    ),
+    ("failed", "failed calls, every round"),
+    (
+        "req B",
+        "bytes the client wrote per call, framing and per-call handshakes included",
+    ),
+    (
+        "resp B",
+        "bytes the client read per call, framing and per-call handshakes included",
+    ),
+    ("cpu/1k", "server CPU ms per 1000 calls"),
+    ("rss MiB", "peak server resident memory"),
+    ("conns", "connections opened per round"),
+    (
+        "stalls/1k",
+        "retransmission stalls (both directions) per 1000 calls",
+    ),
+    (
+        "÷single",
+        "p50 over the single-connection cell of the same flavour and profile",
+    ),
+    (
+        "÷fastest",
+        "p50 over the fastest flavour's of the same mode and profile",
+    ),
+];
+
+/// One line under the text tables saying what the less obvious columns are.
+const COLUMNS_NOTE: &str =
+    "\n(cpu/1k: server CPU ms per 1000 calls; conns: opened per round; stalls/1k: \
+     retransmission stalls per 1000 calls; ÷single: p50 over the single-connection cell of the \
+     same flavour and profile; ÷fastest: p50 over the fastest flavour's, same mode and profile; \
+     - not measured)";
+
+/// `a / b`, None when `b` is not positive (a ratio to nothing says nothing).
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
 }
 
 fn index_of(list: &mut Vec<String>, item: String) -> usize {
@@ -298,7 +563,13 @@ fn index_of(list: &mut Vec<String>, item: String) -> usize {
 mod tests {
     use super::*;
 
-    fn row(flavour: &str, mode: &str, profile: &str, elapsed_ms: u64, latencies: &[u64]) -> Row {
+    pub(crate) fn row(
+        flavour: &str,
+        mode: &str,
+        profile: &str,
+        elapsed_ms: u64,
+        latencies: &[u64],
+    ) -> Row {
         let mut h = new_histogram();
         for &l in latencies {
             h.record(l).unwrap();
@@ -315,6 +586,102 @@ mod tests {
         };
         r.set_latency(&h);
         r
+    }
+
+    /// A table whose answers are known: on `local` per-call costs 2× single for both flavours
+    /// and the flavours are 10× apart; on `lossy` per-call costs 2.70× (grpc) and 2.80×
+    /// (tcp-binary), and the flavours are within 2 % (single) and 6 % (per-call). Ten calls
+    /// per cell, all at the given latency (µs), one round.
+    pub(crate) fn crafted() -> Vec<Row> {
+        [
+            ("grpc", "single", "local", 1000),
+            ("grpc", "per-call", "local", 2000),
+            ("tcp-binary", "single", "local", 100),
+            ("tcp-binary", "per-call", "local", 200),
+            ("grpc", "single", "lossy", 20_000),
+            ("grpc", "per-call", "lossy", 54_000),
+            ("tcp-binary", "single", "lossy", 20_400),
+            ("tcp-binary", "per-call", "lossy", 57_120),
+        ]
+        .into_iter()
+        .map(|(flavour, mode, profile, us)| row(flavour, mode, profile, us * 10 / 1000, &[us; 10]))
+        .collect()
+    }
+
+    /// The server's and the proxy's figures: per call weighted by calls, rows without the
+    /// measurement left out (not counted as 0), the peak RSS the largest, connections per round.
+    #[test]
+    fn per_call_figures_weigh_rows_by_calls_and_skip_the_unmeasured() {
+        let mut a = row("grpc", "per-call", "lossy", 100, &[1000; 10]);
+        a.req_bytes = Some(100);
+        a.resp_bytes = Some(50);
+        a.server_cpu_ms = Some(20);
+        a.server_rss_kb = Some(4096);
+        a.stalls_up = Some(1);
+        a.stalls_down = Some(2);
+        a.conns_opened = 10;
+        let mut b = row("grpc", "per-call", "lossy", 300, &[1000; 30]);
+        b.req_bytes = Some(200);
+        b.server_rss_kb = Some(8192);
+        b.conns_opened = 30;
+        let t = Table::build(&[a, b], RoundSummary::Mean).unwrap();
+        let c = &t.cells[&(0, 0)];
+        assert_eq!(c.req_bytes, Some((100.0 * 10.0 + 200.0 * 30.0) / 40.0));
+        assert_eq!(c.resp_bytes, Some(50.0), "b has none: a's alone");
+        assert_eq!(
+            c.server_cpu_ms_per_1k,
+            Some(2000.0),
+            "20 ms over a's 10 calls"
+        );
+        assert_eq!(c.server_rss_peak_kb, Some(8192));
+        assert_eq!(c.stalls_per_1k, Some(300.0));
+        assert_eq!(c.conns_opened, 20.0, "two rounds");
+        assert_eq!(c.value(Metric::Rss), Some(8192.0 * 1024.0));
+        let text = t.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("grpc per-call"))
+            .unwrap();
+        for figure in ["175", "50", "2000.0", "8.0", "20.0", "300.0"] {
+            assert!(
+                line.split_whitespace().any(|w| w == figure),
+                "{figure}: {line}"
+            );
+        }
+        // Nothing measured at all: `-`, never 0.
+        let bare =
+            Table::build(&[row("grpc", "single", "x", 10, &[5])], RoundSummary::Mean).unwrap();
+        let line = bare.render();
+        let line = line.lines().find(|l| l.starts_with("grpc single")).unwrap();
+        assert_eq!(
+            line.split_whitespace().filter(|w| *w == "-").count(),
+            5,
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_ratio_columns_compare_modes_and_flavours_of_one_profile() {
+        let t = Table::build(&crafted(), RoundSummary::Mean).unwrap();
+        let ri = |name: &str| t.rows.iter().position(|r| r == name).unwrap();
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 0.01;
+        assert!(close(t.over_single(ri("grpc per-call"), 0), 2.0));
+        assert!(close(t.over_single(ri("tcp-binary per-call"), 1), 2.80));
+        assert_eq!(t.over_single(ri("grpc single"), 0), None);
+        let (fastest, r) = t.over_fastest(ri("grpc single"), 0, Metric::P50).unwrap();
+        assert_eq!(
+            (t.rows[fastest].as_str(), (r * 100.0).round()),
+            ("tcp-binary single", 1000.0)
+        );
+        let (fastest, r) = t
+            .over_fastest(ri("tcp-binary per-call"), 1, Metric::P50)
+            .unwrap();
+        assert_eq!(
+            (t.rows[fastest].as_str(), (r * 1000.0).round()),
+            ("grpc per-call", 1058.0)
+        );
+        let columns = t.columns(ri("tcp-binary per-call"), 1).unwrap();
+        assert_eq!(columns[COLUMNS.len() - 2..], ["2.80", "1.06"]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod link;
 mod memory;
 mod proxy;
 mod remote;
+mod report;
 mod run;
 mod thrift;
 mod util;

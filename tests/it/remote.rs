@@ -293,7 +293,7 @@ fn bench_csvs_of_several_load_hosts_merge_into_one_report() {
         text.contains("rows of 2 hosts combined: load-a, load-b"),
         "{text}"
     );
-    let p99 = format!("{:.1}", merged.value_at_quantile(0.99) as f64 / 1e3);
+    let p99 = faultrig::report::metric::format_ms(merged.value_at_quantile(0.99) as f64 / 1e3);
     let line = text
         .lines()
         .find(|l| l.starts_with("tcp-binary per-worker"))
