@@ -194,7 +194,9 @@ pub async fn serve(
     };
     // Bytes are counted once, on the client's leg; the server's leg moves the same bytes.
     let uncounted = &path.uncounted;
-    let connection = cancel.child_token();
+    // The connection's own token (the accept loop makes one per connection): a failed far
+    // end cancels both legs through it.
+    let connection = cancel;
     let client_leg = async {
         let abort = connection.child_token();
         pipe::copy_both(Ends {
