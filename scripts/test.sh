@@ -2,7 +2,8 @@
 # The tests on a fresh machine: installs what the integration tests use for real when it is
 # missing (a redis-server they run on a free loopback port; OpenSSL headers for the
 # toxiproxy_rust client's build; Apache Thrift's compiler; iproute2; the toxiproxy-python client
-# and the thrift library in target/py-venv), then `cargo test --release`, then the timing tests
+# and the thrift library in target/py-venv; Node and the toxiproxy-node-client in target/node),
+# then `cargo test --release`, then the timing tests
 # alone. Extra arguments go to cargo test (e.g. scripts/test.sh -- api).
 # Tests that cannot run here (the namespace test when not root) pass but are listed as SKIPPED
 # at the end: libtest has no skipped status, so they write to $FAULTRIG_SKIPS.
@@ -17,6 +18,9 @@ command -v thrift >/dev/null || missing+=(thrift-compiler)
 # ip netns, for the three-namespace test (it runs when the tests run as root, as in CI).
 command -v ip >/dev/null || missing+=(iproute2)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+# Node, for the toxiproxy-node-client test.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
     sudo=()
     [[ $(id -u) -eq 0 ]] || sudo=(sudo)
@@ -34,6 +38,14 @@ if [[ $(grep -cxF -f <(printf '%s\n' "${python_pins[@]}") <<<"$installed") -ne $
     echo "scripts/test.sh: installing ${python_pins[*]} (PyPI) into $venv"
     [[ -x $venv/bin/pip ]] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "${python_pins[@]}"
+fi
+
+# Pinned too; into target/node, which the test points NODE_PATH at.
+node_pin=toxiproxy-node-client@4.1.0
+if [[ $(node -p "require('./target/node/node_modules/toxiproxy-node-client/package.json').version" 2>/dev/null) != "${node_pin#*@}" ]]; then
+    echo "scripts/test.sh: installing $node_pin (npm) into target/node"
+    mkdir -p target/node
+    npm install --silent --no-audit --no-fund --prefix target/node "$node_pin" >/dev/null
 fi
 
 FAULTRIG_SKIPS=$(mktemp)

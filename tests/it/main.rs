@@ -9,6 +9,7 @@ mod flavours;
 mod limits;
 mod link;
 mod memory;
+mod node;
 mod proxy;
 mod remote;
 mod report;
