@@ -778,6 +778,32 @@ fn coalesce(segments: &[Segment], mut bytes: Bytes, epoch: Instant) -> Vec<Relea
     out
 }
 
+/// One read (`read` returns the byte count and what else it got) under `src`'s current
+/// readiness. A short read, under `asked` bytes, means the socket's queue is empty: the readiness
+/// is cleared with it, as tokio's own `poll_read` does, so the next wait parks at once instead of
+/// costing a read that only says EAGAIN (half of all reads on a request-response stream). The
+/// clearing is tokio's own (an error of kind WouldBlock out of `try_io`), tied to the readiness
+/// the read ran under, so data that arrived meanwhile still wakes the next wait.
+fn read_clearing<T>(
+    src: &TcpStream,
+    asked: usize,
+    read: impl FnOnce() -> io::Result<(usize, T)>,
+) -> io::Result<(usize, T)> {
+    let mut short = None;
+    let result = src.try_io(Interest::READABLE, || {
+        let (n, got) = read()?;
+        if n > 0 && n < asked {
+            short = Some((n, got));
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok((n, got))
+    });
+    match short {
+        Some(got) => Ok(got),
+        None => result,
+    }
+}
+
 /// Waits for data and reads one chunk: `Ok(None)` at end of stream. The buffer is allocated only
 /// once the socket is readable, and small reads are copied out so a queued chunk never pins a
 /// mostly empty allocation.
@@ -785,9 +811,9 @@ async fn read_some(src: &TcpStream) -> io::Result<Option<Bytes>> {
     loop {
         src.readable().await?;
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        match src.try_read_buf(&mut buf) {
-            Ok(0) => return Ok(None),
-            Ok(n) if n < READ_CHUNK / 2 => return Ok(Some(Bytes::copy_from_slice(&buf))),
+        match read_clearing(src, READ_CHUNK, || Ok((src.try_read_buf(&mut buf)?, ()))) {
+            Ok((0, ())) => return Ok(None),
+            Ok((n, ())) if n < READ_CHUNK / 2 => return Ok(Some(Bytes::copy_from_slice(&buf))),
             Ok(_) => return Ok(Some(buf.freeze())),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -805,7 +831,7 @@ async fn read_stamped(src: &TcpStream, most: usize) -> io::Result<Option<(Bytes,
         src.readable().await?;
         // recvmsg needs initialised memory; zeroing costs far less than the syscall.
         let mut buf = BytesMut::zeroed(most);
-        let result = src.try_io(Interest::READABLE, || {
+        let result = read_clearing(src, most, || {
             let mut iov = [io::IoSliceMut::new(&mut buf[..])];
             let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
             let msg = recvmsg::<()>(
