@@ -283,7 +283,8 @@ pub struct ProxyArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8474")]
     pub api: Option<SocketAddr>,
     /// With --api: proxies to create at start, a JSON array in Toxiproxy's config shape
-    /// ([{"name", "listen", "upstream", "enabled"}]).
+    /// ([{"name", "listen", "upstream", "enabled"}]); each may carry "toxics" (a list of
+    /// toxics as POST /proxies/NAME/toxics takes them), in force before it listens.
     #[arg(long, requires = "api")]
     pub config: Option<PathBuf>,
     /// Built-in profile name or path to a profile file (.toml).
@@ -726,6 +727,7 @@ fn control_api(args: ProxyArgs) -> Result<(), CliError> {
             enabled: true,
             base: profile,
             engine: args.engine,
+            toxics: None,
         });
     }
     let registry = std::sync::Arc::new(Registry::new(RegistryOptions {

@@ -20,13 +20,24 @@
 //! - `reset_peer`: `timeout` ms after the first bytes seen under the toxic, both ends are reset;
 //! - `limit_data`: after `bytes` bytes the direction is closed and the connection with it.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::fault::{Direction, HandshakeLoss, PathTiming, Setup};
-use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile};
+use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile, MAX_PROFILE_DURATION};
+
+/// The longest a timer toxic (slow_close, timeout, reset_peer) waits, alone or added up: a
+/// day. No test means more, and deadlines a day ahead stay far from overflowing `Instant`s.
+pub const MAX_TIMER: Duration = Duration::from_secs(24 * 3600);
+
+/// `total + more`, at most `max`: toxics add up, but never past what the model (or a timer)
+/// takes, however many a client stacks.
+fn add_capped(total: Duration, more: Duration, max: Duration) -> Duration {
+    total.saturating_add(more).min(max)
+}
 
 /// One toxic as the API holds it.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +51,76 @@ pub struct Toxic {
     pub toxicity: f32,
     /// Bumped on every update, so connections draw their toxicity again.
     pub revision: u64,
+    /// The client addresses it applies to (attribute `clients`); empty: every client.
+    pub clients: Vec<Cidr>,
+}
+
+/// An address block, `ADDR/PREFIX` (or a bare address: that address alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `127.0.0.2/32`, `10.0.0.0/8`, `::1/128`, `127.0.0.2`. Host bits set under the
+    /// prefix are refused: `10.0.0.1/8` is more likely a typo than a block.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("\"{s}\" is not an address or ADDR/PREFIX block"))?;
+        let bits = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(p) => match p.trim().parse::<u8>() {
+                Ok(p) if p <= bits => p,
+                _ => return Err(format!("\"{s}\": the prefix must be 0 to {bits}")),
+            },
+        };
+        let cidr = Cidr { net, prefix };
+        if cidr.masked(net) != Some(net) {
+            return Err(format!(
+                "\"{s}\": address bits set past the /{prefix} prefix"
+            ));
+        }
+        Ok(cidr)
+    }
+
+    /// Whether `addr` is in the block. An IPv4 client reaching a dual-stack listener shows as
+    /// `::ffff:a.b.c.d`, which counts as `a.b.c.d`.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        self.masked(addr.to_canonical()) == Some(self.net)
+    }
+
+    /// `addr` with the bits past the prefix cleared; `None` across address families.
+    fn masked(&self, addr: IpAddr) -> Option<IpAddr> {
+        match (self.net, addr) {
+            (IpAddr::V4(_), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                Some(IpAddr::V4((u32::from(a) & mask).into()))
+            }
+            (IpAddr::V6(_), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                Some(IpAddr::V6((u128::from(a) & mask).into()))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
 }
 
 /// What a toxic does, with Toxiproxy's units.
@@ -183,11 +264,13 @@ impl ConnectionFaults {
     }
 }
 
-/// A connection's toxicity draws: one per (toxic, revision), kept for the connection's life.
+/// A connection's toxicity draws: one per (toxic, revision), kept for the connection's life,
+/// and its client's address, which a toxic's `clients` must take in.
 #[derive(Debug)]
 pub struct Draws {
     rng: ChaCha8Rng,
     drawn: Vec<(String, u64, bool)>,
+    client: Option<IpAddr>,
 }
 
 impl Draws {
@@ -195,11 +278,24 @@ impl Draws {
         Draws {
             rng,
             drawn: Vec::new(),
+            client: None,
         }
     }
 
-    /// Whether `toxic` applies to this connection; drawn on first sight of each revision.
+    /// The draws of a connection from `client` (`None`: unknown, so a toxic limited to some
+    /// clients never applies).
+    pub fn from_client(mut self, client: Option<IpAddr>) -> Draws {
+        self.client = client;
+        self
+    }
+
+    /// Whether `toxic` applies to this connection: its client is one the toxic names (if it
+    /// names any), and it is drawn, on first sight of each revision.
     pub fn applies(&mut self, toxic: &Toxic) -> bool {
+        let listed = |c: IpAddr| toxic.clients.iter().any(|b| b.contains(c));
+        if !toxic.clients.is_empty() && !self.client.is_some_and(listed) {
+            return false;
+        }
         if let Some(&(_, _, on)) = self
             .drawn
             .iter()
@@ -215,7 +311,8 @@ impl Draws {
 }
 
 /// The path `toxics` make of `base` on the kernel engine. Every toxic applies: the control API
-/// accepts only path toxics at toxicity 1 on such a proxy, so no draw is ever made.
+/// accepts only path toxics at toxicity 1 for every client on such a proxy, so no draw is
+/// ever made.
 pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
     let mut every = Draws::new(ChaCha8Rng::seed_from_u64(0));
     resolve(base, toxics, &mut every).profile
@@ -245,11 +342,13 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
                 latency_ms,
                 jitter_ms,
             } => {
-                d.link.delay += Duration::from_millis(*latency_ms);
+                let max = MAX_PROFILE_DURATION;
+                d.link.delay = add_capped(d.link.delay, Duration::from_millis(*latency_ms), max);
                 // Toxiproxy's jitter is uniform on ±jitter; several add their widths.
                 if *jitter_ms > 0 {
                     d.link.jitter_distribution = JitterDistribution::Uniform;
-                    d.link.jitter += Duration::from_millis(*jitter_ms);
+                    let jitter = Duration::from_millis(*jitter_ms);
+                    d.link.jitter = add_capped(d.link.jitter, jitter, max);
                 }
             }
             ToxicKind::Bandwidth { rate_kb_s } if *rate_kb_s > 0 => {
@@ -258,13 +357,15 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
             }
             ToxicKind::Bandwidth { .. } => {}
             ToxicKind::SlowClose { delay_ms } => {
-                d.slow_close += Duration::from_millis(*delay_ms);
+                let delay = Duration::from_millis(*delay_ms);
+                d.slow_close = add_capped(d.slow_close, delay, MAX_TIMER);
             }
             ToxicKind::Timeout { timeout_ms } => {
-                d.hold = Some((*timeout_ms > 0).then(|| Duration::from_millis(*timeout_ms)));
+                let limit = Duration::from_millis(*timeout_ms).min(MAX_TIMER);
+                d.hold = Some((*timeout_ms > 0).then_some(limit));
             }
             ToxicKind::ResetPeer { timeout_ms } => {
-                d.reset_after = Some(Duration::from_millis(*timeout_ms));
+                d.reset_after = Some(Duration::from_millis(*timeout_ms).min(MAX_TIMER));
             }
             ToxicKind::Slicer {
                 average_size,
@@ -355,8 +456,10 @@ pub fn slice(len: usize, slicer: &Slicer, rng: &mut ChaCha8Rng, max_pieces: usiz
             pieces.push(left);
             break;
         }
-        let avg = slicer.average_size as i64;
-        let var = slicer.size_variation.min(slicer.average_size) as i64;
+        // Pieces beyond 4 GiB are never cut from a read, and the cap keeps `avg + var` in range
+        // whatever a slicer holds.
+        let avg = slicer.average_size.min(u64::from(u32::MAX)) as i64;
+        let var = slicer.size_variation.min(avg as u64) as i64;
         let size = if var > 0 {
             rng.random_range(avg - var..=avg + var)
         } else {
@@ -382,6 +485,7 @@ mod tests {
             stream,
             toxicity: 1.0,
             revision: 0,
+            clients: Vec::new(),
         }
     }
 
@@ -561,6 +665,50 @@ mod tests {
         t.toxicity = 1.0;
         t.revision = 100_000;
         assert!(d.applies(&t));
+    }
+
+    #[test]
+    fn toxics_limited_to_clients_apply_to_those_only() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let block = Cidr::parse("10.1.0.0/16").unwrap();
+        assert!(block.contains(ip("10.1.200.3")));
+        assert!(block.contains(ip("::ffff:10.1.0.9")), "mapped IPv4");
+        assert!(!block.contains(ip("10.2.0.1")));
+        assert!(!block.contains(ip("::1")));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
+        assert!(Cidr::parse("::1").unwrap().contains(ip("::1")));
+        assert_eq!(
+            Cidr::parse("127.0.0.2").unwrap().to_string(),
+            "127.0.0.2/32"
+        );
+        for bad in [
+            "10.0.0.1/8",
+            "10.0.0.0/33",
+            "::/129",
+            "nope",
+            "10.0.0.0/-1",
+            "",
+        ] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+        let mut t = toxic(
+            "lat",
+            Direction::Downstream,
+            ToxicKind::Latency {
+                latency_ms: 10,
+                jitter_ms: 0,
+            },
+        );
+        t.clients = vec![Cidr::parse("127.0.0.2/32").unwrap()];
+        let from = |t: &Toxic, c: Option<&str>| draws().from_client(c.map(ip)).applies(t);
+        assert!(from(&t, Some("127.0.0.2")));
+        assert!(!from(&t, Some("127.0.0.1")));
+        assert!(!from(&t, None), "an unknown client is not one of them");
+        t.clients.clear();
+        assert!(
+            from(&t, None) && from(&t, Some("127.0.0.1")),
+            "no clients: every client"
+        );
     }
 
     #[test]

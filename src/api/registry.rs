@@ -60,6 +60,10 @@ pub struct ProxySpec {
     /// `model` (the default) or `kernel`: real kernel TCP over the link engine, whose path the
     /// toxics retune live.
     pub engine: Engine,
+    /// Toxics to create with the proxy, in force before its listener accepts anything (so no
+    /// connection slips past them); `None` when the request gave none. On a proxy that
+    /// `/populate` keeps running, `Some` replaces its toxics.
+    pub toxics: Option<Vec<ToxicEntry>>,
 }
 
 impl ProxySpec {
@@ -114,6 +118,15 @@ impl ProxySpec {
                 )))
             }
         };
+        let toxics = match obj.get("toxics") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(list)) => Some(toxic_list(&name, engine, list)?),
+            Some(other) => {
+                return Err(ApiError::bad_body(&format!(
+                    "toxics must be a JSON array of toxics, got {other}"
+                )))
+            }
+        };
         Ok(ProxySpec {
             name,
             listen,
@@ -121,8 +134,37 @@ impl ProxySpec {
             enabled,
             base: Profile::builtin("local").expect("built in"),
             engine,
+            toxics,
         })
     }
+}
+
+/// The toxics of a create or populate entry, each as `POST /proxies/{name}/toxics` takes it.
+/// The first bad one refuses the whole proxy; its error names the proxy and the toxic.
+fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEntry>, ApiError> {
+    let mut toxics: Vec<ToxicEntry> = Vec::new();
+    for (i, body) in list.iter().enumerate() {
+        let within = |e: ApiError, toxic: &str| {
+            let toxic = match toxic {
+                "" => format!("toxic {}", i + 1),
+                name => format!("toxic {} \"{name}\"", i + 1),
+            };
+            ApiError::new(
+                e.status,
+                &format!("{} (proxy \"{proxy}\", {toxic})", e.message),
+            )
+        };
+        let given_name = body.get("name").and_then(Value::as_str).unwrap_or_default();
+        // Revisions are stamped when the proxy is created.
+        let entry = ToxicEntry::create(body, 0).map_err(|e| within(e, given_name))?;
+        let name = entry.toxic.name.clone();
+        admits(engine, proxy, &entry.toxic).map_err(|e| within(e, &name))?;
+        if toxics.iter().any(|e| e.toxic.name == name) {
+            return Err(within(ApiError::new(409, "toxic already exists"), &name));
+        }
+        toxics.push(entry);
+    }
+    Ok(toxics)
 }
 
 /// A running proxy's handle.
@@ -148,18 +190,22 @@ struct Managed {
 }
 
 impl Managed {
+    /// A stopped proxy with the spec's toxics already published, so its first connection
+    /// meets them.
     fn new(spec: &ProxySpec) -> Managed {
-        Managed {
+        let p = Managed {
             name: spec.name.clone(),
             listen: spec.listen.clone(),
             upstream: spec.upstream.clone(),
             base: spec.base.clone(),
             engine: spec.engine,
-            toxics: Vec::new(),
+            toxics: spec.toxics.clone().unwrap_or_default(),
             published: watch::channel(Arc::new(Vec::new())).0,
             stats: Arc::default(),
             running: None,
-        }
+        };
+        p.publish();
+        p
     }
 
     fn enabled(&self) -> bool {
@@ -251,29 +297,38 @@ impl Managed {
         })
     }
 
-    /// A kernel-engine proxy's connections share one real link: a toxic there must describe
-    /// the path and apply to every connection.
     fn admits(&self, toxic: &Toxic) -> Result<(), ApiError> {
-        if self.engine != Engine::Kernel {
-            return Ok(());
-        }
-        if !toxic.kind.shapes_the_path() {
-            return Err(ApiError::bad_body(&format!(
-                "toxic type {} cannot run on proxy {} (engine kernel): its connections share one \
-                 real link, which takes latency, bandwidth, loss, profile and noop toxics",
-                toxic.kind.type_name(),
-                self.name
-            )));
-        }
-        if toxic.toxicity < 1.0 {
-            return Err(ApiError::bad_body(&format!(
-                "toxicity {} cannot run on proxy {} (engine kernel): its connections share one \
-                 real link, so a toxic applies to all of them or none",
-                toxic.toxicity, self.name
-            )));
-        }
-        Ok(())
+        admits(self.engine, &self.name, toxic)
     }
+}
+
+/// A kernel-engine proxy's connections share one real link: a toxic there must describe the
+/// path and apply to every connection.
+fn admits(engine: Engine, proxy: &str, toxic: &Toxic) -> Result<(), ApiError> {
+    if engine != Engine::Kernel {
+        return Ok(());
+    }
+    if !toxic.kind.shapes_the_path() {
+        return Err(ApiError::bad_body(&format!(
+            "toxic type {} cannot run on proxy {proxy} (engine kernel): its connections share \
+             one real link, which takes latency, bandwidth, loss, profile and noop toxics",
+            toxic.kind.type_name(),
+        )));
+    }
+    if !toxic.clients.is_empty() {
+        return Err(ApiError::bad_body(&format!(
+            "attribute clients cannot be used on proxy {proxy} (engine kernel): its connections \
+             share one real link, so a toxic applies to all of them or none"
+        )));
+    }
+    if toxic.toxicity < 1.0 {
+        return Err(ApiError::bad_body(&format!(
+            "toxicity {} cannot run on proxy {proxy} (engine kernel): its connections share one \
+             real link, so a toxic applies to all of them or none",
+            toxic.toxicity
+        )));
+    }
+    Ok(())
 }
 
 async fn resolve(listen: &str) -> Result<SocketAddr, ApiError> {
@@ -318,12 +373,21 @@ impl Registry {
         )
     }
 
-    /// `POST /proxies`.
-    pub async fn create(&self, spec: ProxySpec) -> Result<Value, ApiError> {
+    /// Gives the spec's toxics revisions of their own, so they draw like any toxic created
+    /// over the API.
+    fn stamp(&self, spec: &mut ProxySpec) {
+        for e in spec.toxics.iter_mut().flatten() {
+            e.toxic.revision = self.revision();
+        }
+    }
+
+    /// `POST /proxies`: the proxy with its toxics, which are in force before it listens.
+    pub async fn create(&self, mut spec: ProxySpec) -> Result<Value, ApiError> {
         let mut proxies = self.proxies.lock().await;
         if proxies.contains_key(&spec.name) {
             return Err(ApiError::new(409, "proxy already exists"));
         }
+        self.stamp(&mut spec);
         let mut p = Managed::new(&spec);
         if spec.enabled {
             p.start(&self.options).await?;
@@ -334,16 +398,23 @@ impl Registry {
     }
 
     /// `POST /populate`: creates or replaces each proxy; one whose listen and upstream are
-    /// unchanged keeps running with its toxics. On an error, the proxies done so far stay.
+    /// unchanged keeps running with its toxics (or the entry's, when it gives `toxics`). On an
+    /// error, the proxies done so far stay; bad toxics are refused before any is done, since
+    /// every entry is parsed first.
     pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
         let mut proxies = self.proxies.lock().await;
         let mut done = Vec::new();
-        for spec in specs {
+        for mut spec in specs {
+            self.stamp(&mut spec);
             if let Some(existing) = proxies.get_mut(&spec.name) {
                 if existing.upstream == spec.upstream
                     && same_listen(&existing.listen, &spec.listen)
                     && existing.engine == spec.engine
                 {
+                    if let Some(toxics) = spec.toxics.take() {
+                        existing.toxics = toxics;
+                        existing.publish();
+                    }
                     if spec.enabled {
                         if let Err(e) = existing.start(&self.options).await {
                             return Err((e, Value::Array(done)));

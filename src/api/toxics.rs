@@ -6,25 +6,268 @@ use serde_json::{json, Map, Value};
 use super::ApiError;
 use crate::fault::Direction;
 use crate::profile::{LossProcess, Profile, MAX_PROFILE_DURATION};
-use crate::toxic::{Toxic, ToxicKind};
+use crate::toxic::{Cidr, Toxic, ToxicKind, MAX_TIMER};
 
-/// Every toxic type, with its attributes and their defaults (what a missing one means).
-const TYPES: &[(&str, &[&str])] = &[
-    ("latency", &["latency", "jitter"]),
-    ("bandwidth", &["rate"]),
-    ("slow_close", &["delay"]),
-    ("timeout", &["timeout"]),
-    ("reset_peer", &["timeout"]),
-    ("slicer", &["average_size", "size_variation", "delay"]),
-    ("limit_data", &["bytes"]),
+/// The longest a latency or jitter may be: the fault model's bound on any duration (its
+/// retransmission timeout backs off from the round trip up to 2^15 times, in `Duration`s).
+const MAX_MODEL_MS: u64 = MAX_PROFILE_DURATION.as_millis() as u64;
+
+/// The longest a timer toxic (slow_close, timeout, reset_peer) may wait.
+const MAX_TIMER_MS: u64 = MAX_TIMER.as_millis() as u64;
+
+/// The most a bandwidth toxic may allow, in KB/s (800 Gbit/s, past any NIC): `rate × 8000`
+/// bits per second then stays far inside `u64`.
+const MAX_RATE_KB_S: u64 = 100_000_000;
+
+/// The largest slicer piece: above any read the pipe makes, so a larger one would not slice.
+const MAX_SLICE: u64 = 16 << 20;
+
+/// The longest slicer delay between pieces, in µs: a minute per piece.
+const MAX_SLICE_DELAY_US: u64 = 60_000_000;
+
+/// Toxiproxy's attributes are Go `int64`s: `limit_data` can count no further.
+const MAX_BYTES: u64 = i64::MAX as u64;
+
+/// The most address blocks one toxic's `clients` may list: a few in practice, and each
+/// connection checks them all whenever the toxics change.
+const MAX_CLIENTS: usize = 256;
+
+/// Attribute `clients` (any toxic type; ours, Toxiproxy issue #163): the client addresses or
+/// `ADDR/PREFIX` blocks a toxic applies to; absent, null or empty: every client.
+fn clients(type_name: &str, attributes: &Map<String, Value>) -> Result<Vec<Cidr>, ApiError> {
+    let v = match attributes.get("clients") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(v) => v,
+    };
+    let bad = |why: String| {
+        ApiError::bad_body(&format!(
+            "attribute clients of a {type_name} toxic must be a list of at most {MAX_CLIENTS} \
+             client addresses or ADDR/PREFIX blocks (e.g. [\"127.0.0.2/32\"]), got {v}: {why}"
+        ))
+    };
+    let list = v.as_array().ok_or_else(|| bad("not a list".into()))?;
+    if list.len() > MAX_CLIENTS {
+        return Err(bad(format!("{} blocks", list.len())));
+    }
+    list.iter()
+        .map(|c| match c {
+            Value::String(s) => Cidr::parse(s).map_err(bad),
+            other => Err(bad(format!("{other} is not a string"))),
+        })
+        .collect()
+}
+
+/// What a client may send for one attribute. Create and update both read attributes through
+/// this table only, so a bound is defined once.
+#[derive(Clone, Copy, Debug)]
+struct Attr {
+    name: &'static str,
+    range: Range,
+    /// Another attribute of the same toxic this one may not exceed (jitter ≤ latency,
+    /// size_variation ≤ average_size).
+    at_most: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Range {
+    /// An integer in `min..=max`, in `unit` (Toxiproxy's integer units).
+    Int {
+        min: u64,
+        max: u64,
+        unit: &'static str,
+    },
+    /// A number in `0..=max` (ours: loss rates), absent unless given.
+    Number { max: f64 },
+    /// Text (ours: a profile's name or file); absent unless given.
+    Text,
+}
+
+const fn int(name: &'static str, min: u64, max: u64, unit: &'static str) -> Attr {
+    Attr {
+        name,
+        range: Range::Int { min, max, unit },
+        at_most: None,
+    }
+}
+
+const fn int_at_most(
+    name: &'static str,
+    max: u64,
+    unit: &'static str,
+    other: &'static str,
+) -> Attr {
+    Attr {
+        name,
+        range: Range::Int { min: 0, max, unit },
+        at_most: Some(other),
+    }
+}
+
+const fn number(name: &'static str, max: f64) -> Attr {
+    Attr {
+        name,
+        range: Range::Number { max },
+        at_most: None,
+    }
+}
+
+const fn text(name: &'static str) -> Attr {
+    Attr {
+        name,
+        range: Range::Text,
+        at_most: None,
+    }
+}
+
+/// Every toxic type with its attributes and their bounds. An integer attribute left out means
+/// 0, as in Toxiproxy, and must then be allowed to be 0.
+const TYPES: &[(&str, &[Attr])] = &[
+    (
+        "latency",
+        &[
+            int("latency", 0, MAX_MODEL_MS, "ms"),
+            // A wider jitter would clip the delay at 0 (Toxiproxy's and ours): the mean would
+            // no longer be the latency asked for.
+            int_at_most("jitter", MAX_MODEL_MS, "ms", "latency"),
+        ],
+    ),
+    // Toxiproxy takes rate 0 (and a missing rate) as no limit at all: refused here, since a
+    // bandwidth toxic that limits nothing is a mistake, most often a hoped-for "stop".
+    ("bandwidth", &[int("rate", 1, MAX_RATE_KB_S, "KB/s")]),
+    ("slow_close", &[int("delay", 0, MAX_TIMER_MS, "ms")]),
+    ("timeout", &[int("timeout", 0, MAX_TIMER_MS, "ms")]),
+    ("reset_peer", &[int("timeout", 0, MAX_TIMER_MS, "ms")]),
+    (
+        "slicer",
+        &[
+            // Toxiproxy recurses without end on an average_size of 0, and cuts out of bounds
+            // (a panic) when size_variation exceeds average_size.
+            int("average_size", 1, MAX_SLICE, "bytes"),
+            int_at_most("size_variation", MAX_SLICE, "bytes", "average_size"),
+            int("delay", 0, MAX_SLICE_DELAY_US, "µs"),
+        ],
+    ),
+    ("limit_data", &[int("bytes", 0, MAX_BYTES, "bytes")]),
     ("noop", &[]),
-    // Ours. `loss`: `percent` (integer, so Toxiproxy's clients can read it back) or
-    // `probability`; Gilbert–Elliott with `p` and `r` (and optional `h`, `k`) as in profiles.
-    ("loss", &[]),
-    ("syn_loss", &[]),
-    ("profile", &[]),
+    // Ours. `loss`: `percent` (so Toxiproxy's clients can read it back) or `probability`;
+    // Gilbert–Elliott with `p` and `r` (and optional `h`, `k`) as in profiles.
+    (
+        "loss",
+        &[
+            number("percent", 100.0),
+            number("probability", 1.0),
+            number("p", 1.0),
+            number("r", 1.0),
+            number("h", 1.0),
+            number("k", 1.0),
+        ],
+    ),
+    (
+        "syn_loss",
+        &[number("percent", 100.0), number("probability", 1.0)],
+    ),
+    ("profile", &[text("profile"), text("toml")]),
     ("handshake", &[]),
 ];
+
+/// The attributes of `type_name`, read and checked against [`TYPES`].
+struct Checked<'a> {
+    type_name: &'a str,
+    table: &'static [Attr],
+    given: &'a Map<String, Value>,
+}
+
+impl<'a> Checked<'a> {
+    fn new(type_name: &'a str, given: &'a Map<String, Value>) -> Result<Checked<'a>, ApiError> {
+        let table = TYPES
+            .iter()
+            .find(|(t, _)| *t == type_name)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| ApiError::new(400, "invalid toxic type"))?;
+        let checked = Checked {
+            type_name,
+            table,
+            given,
+        };
+        // Every bound checked up front, whether or not the type reads the attribute.
+        for attr in table {
+            checked.read(attr)?;
+        }
+        Ok(checked)
+    }
+
+    fn attr(&self, name: &str) -> &'static Attr {
+        self.table
+            .iter()
+            .find(|a| a.name == name)
+            .expect("the toxic types read only attributes their table lists")
+    }
+
+    fn bad(&self, attr: &Attr, v: &Value) -> ApiError {
+        let allowed = match attr.range {
+            Range::Int { min, max, unit } => {
+                format!("an integer from {min} to {max} ({unit})")
+            }
+            Range::Number { max } => format!("a number from 0 to {max}"),
+            Range::Text => "a string".to_string(),
+        };
+        let limit = attr
+            .at_most
+            .map(|o| format!(", at most {o}"))
+            .unwrap_or_default();
+        ApiError::bad_body(&format!(
+            "attribute {} of a {} toxic must be {allowed}{limit}, got {v}",
+            attr.name, self.type_name
+        ))
+    }
+
+    /// One attribute as given (`None` when absent or null), in its bounds.
+    fn read(&self, attr: &Attr) -> Result<Option<f64>, ApiError> {
+        let v = match self.given.get(attr.name) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v) => v,
+        };
+        let n = match (attr.range, v) {
+            (Range::Text, Value::String(_)) => return Ok(None),
+            (Range::Int { min, max, .. }, _) => match v.as_u64() {
+                Some(n) if (min..=max).contains(&n) => n as f64,
+                _ => return Err(self.bad(attr, v)),
+            },
+            (Range::Number { max }, _) => match v.as_f64() {
+                Some(n) if (0.0..=max).contains(&n) => n,
+                _ => return Err(self.bad(attr, v)),
+            },
+            (Range::Text, _) => return Err(self.bad(attr, v)),
+        };
+        if let Some(other) = attr.at_most {
+            let limit = self.int(other);
+            if n > limit as f64 {
+                return Err(self.bad(attr, v));
+            }
+        }
+        Ok(Some(n))
+    }
+
+    /// An integer attribute; absent means 0 (Toxiproxy's zero default) unless 0 is out of its
+    /// bounds, which makes it required.
+    fn int(&self, name: &str) -> u64 {
+        self.given.get(name).and_then(Value::as_u64).unwrap_or(0)
+    }
+
+    /// An integer attribute, present or required.
+    fn required_int(&self, name: &str) -> Result<u64, ApiError> {
+        let attr = self.attr(name);
+        match (self.read(attr)?, attr.range) {
+            (Some(n), _) => Ok(n as u64),
+            (None, Range::Int { min: 0, .. }) => Ok(0),
+            (None, _) => Err(self.bad(attr, &Value::Null)),
+        }
+    }
+
+    fn number(&self, name: &str) -> Result<Option<f64>, ApiError> {
+        self.read(self.attr(name))
+    }
+}
 
 /// A toxic with the attributes it was given (kept so partial updates merge over them).
 #[derive(Clone, Debug)]
@@ -77,6 +320,7 @@ impl ToxicEntry {
                 stream,
                 toxicity,
                 revision,
+                clients: clients(&kind_name, &attributes)?,
             },
             attributes,
         })
@@ -101,7 +345,9 @@ impl ToxicEntry {
             }
             Some(_) => return Err(ApiError::bad_body("attributes must be an object")),
         }
-        next.toxic.kind = kind_of(self.toxic.kind.type_name(), &next.attributes)?;
+        let type_name = self.toxic.kind.type_name();
+        next.toxic.kind = kind_of(type_name, &next.attributes)?;
+        next.toxic.clients = clients(type_name, &next.attributes)?;
         next.toxic.revision = revision;
         Ok(next)
     }
@@ -111,9 +357,12 @@ impl ToxicEntry {
     pub fn to_json(&self) -> Value {
         let type_name = self.toxic.kind.type_name();
         let mut attributes = Map::new();
-        if let Some((_, names)) = TYPES.iter().find(|(t, _)| *t == type_name) {
-            for n in *names {
-                attributes.insert((*n).to_string(), json!(0));
+        if let Some((_, table)) = TYPES.iter().find(|(t, _)| *t == type_name) {
+            for attr in table
+                .iter()
+                .filter(|a| matches!(a.range, Range::Int { .. }))
+            {
+                attributes.insert(attr.name.to_string(), json!(0));
             }
         }
         for (k, v) in &self.attributes {
@@ -146,100 +395,53 @@ fn toxicity(v: &Value) -> Result<f32, ApiError> {
     }
 }
 
-/// An attribute in Toxiproxy's integer units; missing means 0.
-fn int(attrs: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
-    match attrs.get(key) {
-        None | Some(Value::Null) => Ok(0),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            ApiError::bad_body(&format!(
-                "attribute {key} must be a non-negative integer, got {v}"
-            ))
-        }),
-    }
-}
-
-/// A millisecond attribute the fault model multiplies (latency, jitter): bounded like a
-/// profile's durations.
-fn model_ms(attrs: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
-    let max = MAX_PROFILE_DURATION.as_millis() as u64;
-    match int(attrs, key)? {
-        ms if ms > max => Err(ApiError::bad_body(&format!(
-            "attribute {key} must be at most {max} ms, got {ms}"
-        ))),
-        ms => Ok(ms),
-    }
-}
-
-/// A probability attribute; `None` when absent.
-fn probability(attrs: &Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
-    match attrs.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_f64() {
-            Some(p) if (0.0..=1.0).contains(&p) => Ok(Some(p)),
-            _ => Err(ApiError::bad_body(&format!(
-                "attribute {key} must be a probability in [0, 1], got {v}"
-            ))),
-        },
-    }
-}
-
 /// `probability` (0..1) or `percent` (0..100): the loss rate of `loss` and `syn_loss`.
-fn rate(attrs: &Map<String, Value>) -> Result<Option<f64>, ApiError> {
-    let percent = match attrs.get("percent") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_f64() {
-            Some(p) if (0.0..=100.0).contains(&p) => Some(p / 100.0),
-            _ => {
-                return Err(ApiError::bad_body(&format!(
-                    "attribute percent must be in [0, 100], got {v}"
-                )))
-            }
-        },
-    };
-    match (probability(attrs, "probability")?, percent) {
+fn rate(a: &Checked) -> Result<Option<f64>, ApiError> {
+    match (a.number("probability")?, a.number("percent")?) {
         (Some(_), Some(_)) => Err(ApiError::bad_body("give probability or percent, not both")),
-        (p, q) => Ok(p.or(q)),
+        (p, q) => Ok(p.or(q.map(|q| q / 100.0))),
     }
 }
 
-fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiError> {
+fn kind_of(type_name: &str, attributes: &Map<String, Value>) -> Result<ToxicKind, ApiError> {
+    let a = Checked::new(type_name, attributes)?;
     Ok(match type_name {
         "latency" => ToxicKind::Latency {
-            latency_ms: model_ms(a, "latency")?,
-            jitter_ms: model_ms(a, "jitter")?,
+            latency_ms: a.required_int("latency")?,
+            jitter_ms: a.required_int("jitter")?,
         },
         "bandwidth" => ToxicKind::Bandwidth {
-            rate_kb_s: int(a, "rate")?,
+            rate_kb_s: a.required_int("rate")?,
         },
         "slow_close" => ToxicKind::SlowClose {
-            delay_ms: int(a, "delay")?,
+            delay_ms: a.required_int("delay")?,
         },
         "timeout" => ToxicKind::Timeout {
-            timeout_ms: int(a, "timeout")?,
+            timeout_ms: a.required_int("timeout")?,
         },
         "reset_peer" => ToxicKind::ResetPeer {
-            timeout_ms: int(a, "timeout")?,
+            timeout_ms: a.required_int("timeout")?,
         },
         "slicer" => ToxicKind::Slicer {
-            average_size: int(a, "average_size")?,
-            size_variation: int(a, "size_variation")?,
-            delay_us: int(a, "delay")?,
+            average_size: a.required_int("average_size")?,
+            size_variation: a.required_int("size_variation")?,
+            delay_us: a.required_int("delay")?,
         },
         "limit_data" => ToxicKind::LimitData {
-            bytes: int(a, "bytes")?,
+            bytes: a.required_int("bytes")?,
         },
         "noop" => ToxicKind::Noop,
         "handshake" => ToxicKind::Handshake,
         "loss" => {
-            let loss = match (probability(a, "p")?, probability(a, "r")?) {
+            let loss = match (a.number("p")?, a.number("r")?) {
                 (Some(p), Some(r)) => LossProcess::GilbertElliott {
                     p,
                     r,
-                    h: probability(a, "h")?.unwrap_or(0.0),
-                    k: probability(a, "k")?.unwrap_or(1.0),
+                    h: a.number("h")?.unwrap_or(0.0),
+                    k: a.number("k")?.unwrap_or(1.0),
                     step: None,
                 },
-                (None, None) => match rate(a)? {
+                (None, None) => match rate(&a)? {
                     Some(p) => LossProcess::Bernoulli { p },
                     None => {
                         return Err(ApiError::bad_body(
@@ -256,13 +458,13 @@ fn kind_of(type_name: &str, a: &Map<String, Value>) -> Result<ToxicKind, ApiErro
             ToxicKind::Loss { loss }
         }
         "syn_loss" => ToxicKind::SynLoss {
-            probability: rate(a)?
+            probability: rate(&a)?
                 .ok_or_else(|| ApiError::bad_body("syn_loss needs percent or probability"))?,
         },
         "profile" => {
             // A built-in profile by name, or a whole profile file's text (how a remote run sends
             // a profile the proxy host does not have).
-            let profile = match (a.get("profile"), a.get("toml")) {
+            let profile = match (attributes.get("profile"), attributes.get("toml")) {
                 (Some(Value::String(name)), None) => Profile::builtin(name).ok_or_else(|| {
                     ApiError::bad_body(&format!(
                         "unknown profile \"{name}\" (use {})",

@@ -355,7 +355,10 @@ async fn serve_connection(
             // Own streams, so toxicity and slicing never shift the model's draws.
             let stream =
                 |purpose: &str, d| StreamKey::new(seed, &format!("{name}#{purpose}"), ordinal, d);
-            let mut draws = Draws::new(stream("toxicity", Direction::Upstream).rng());
+            // The client's address, for toxics limited to some clients.
+            let peer = client.peer_addr().ok().map(|a| a.ip());
+            let mut draws =
+                Draws::new(stream("toxicity", Direction::Upstream).rng()).from_client(peer);
             let faults = toxic::resolve(base, &list, &mut draws);
             let model = Box::new(if established {
                 ConnectionModel::established(&faults.profile, seed, name, ordinal)

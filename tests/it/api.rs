@@ -160,12 +160,12 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
 }
 
 /// An API in this process on a free port; stopped on drop.
-struct TestApi {
-    addr: String,
+pub struct TestApi {
+    pub addr: String,
     _stop: oneshot::Sender<()>,
 }
 
-async fn start_api() -> TestApi {
+pub async fn start_api() -> TestApi {
     let (l, addr) = listener().await;
     let registry = Arc::new(Registry::new(RegistryOptions {
         seed: 5,
@@ -182,7 +182,7 @@ async fn start_api() -> TestApi {
 }
 
 impl TestApi {
-    async fn call(
+    pub async fn call(
         &self,
         method: Method,
         path: &str,
@@ -197,7 +197,7 @@ impl TestApi {
     }
 
     /// Creates proxy `name` in front of `upstream`; returns its bound address.
-    async fn proxy(&self, name: &str, upstream: &str) -> String {
+    pub async fn proxy(&self, name: &str, upstream: &str) -> String {
         let p = self
             .call(
                 Method::POST,
@@ -209,7 +209,7 @@ impl TestApi {
         p["listen"].as_str().unwrap().to_string()
     }
 
-    async fn toxic(&self, proxy: &str, body: Value) -> Value {
+    pub async fn toxic(&self, proxy: &str, body: Value) -> Value {
         self.call(
             Method::POST,
             &format!("/proxies/{proxy}/toxics"),
@@ -395,14 +395,7 @@ async fn every_endpoint_answers_errors_with_toxiproxy_codes() {
         "\u{0}",
         "{\"name\": 5, \"upstream\": \"x:1\"}",
     ] {
-        let mut s = tokio::net::TcpStream::connect(&api.addr).await.unwrap();
-        let req = format!(
-            "POST /proxies HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{raw}",
-            raw.len()
-        );
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).await.unwrap();
+        let answer = raw_post(&api.addr, "/proxies", raw).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{raw}: {answer}");
         assert!(answer.contains("\"status\":400"), "{answer}");
     }
@@ -854,4 +847,65 @@ async fn a_kernel_engine_proxy_follows_its_path_toxics_live() {
         "toxic removed: {again:?}"
     );
     api.call(Method::DELETE, "/proxies/k", None).await.unwrap();
+}
+
+/// A toxic with attribute `clients` slows only the connections from those addresses: two
+/// clients, from 127.0.0.1 and 127.0.0.2, on one proxy; an update moves it live; a bad block
+/// is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_toxic_limited_to_some_clients_slows_only_them() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen: std::net::SocketAddr = api.proxy("cl", &echo.to_string()).await.parse().unwrap();
+    let from = |ip: [u8; 4]| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((ip, 0).into()).unwrap();
+        socket.connect(listen).await.unwrap()
+    };
+    let t = api
+        .toxic(
+            "cl",
+            json!({"type": "latency", "attributes": {"latency": 300, "clients": ["127.0.0.2/32"]}}),
+        )
+        .await;
+    assert_eq!(t["attributes"]["clients"], json!(["127.0.0.2/32"]), "{t}");
+    let mut one = from([127, 0, 0, 1]).await;
+    let mut two = from([127, 0, 0, 2]).await;
+    let slow = Duration::from_millis(300);
+    assert!(exchange(&mut one).await < slow / 2, "127.0.0.1 spared");
+    assert!(exchange(&mut two).await >= slow, "127.0.0.2 slowed");
+
+    // Moved to 127.0.0.1's block: the same connections swap roles.
+    api.call(
+        Method::PATCH,
+        "/proxies/cl/toxics/latency_downstream",
+        Some(json!({"attributes": {"clients": ["127.0.0.0/31"]}})),
+    )
+    .await
+    .unwrap();
+    assert!(exchange(&mut one).await >= slow, "127.0.0.1 slowed");
+    assert!(exchange(&mut two).await < slow / 2, "127.0.0.2 spared");
+
+    for clients in [
+        json!("127.0.0.2/32"),
+        json!(["127.0.0.1/8"]),
+        json!(["127.0.0.2/33"]),
+        json!([7]),
+        json!(vec!["::1"; 257]),
+    ] {
+        let (s, m) = api
+            .call(
+                Method::POST,
+                "/proxies/cl/toxics",
+                Some(json!({"type": "noop", "attributes": {"clients": clients}})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(s, 400, "{clients}");
+        assert!(
+            m.starts_with("bad request body: attribute clients of a noop toxic"),
+            "{m}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! faultrig's integration tests: one binary, one module per area, shared helpers in `util`.
 
 mod api;
+mod api_create;
 mod calibrate;
 mod cli;
 mod downstream;
@@ -15,4 +16,5 @@ mod remote;
 mod report;
 mod run;
 mod thrift;
+mod toxic_bounds;
 mod util;

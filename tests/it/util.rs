@@ -466,3 +466,30 @@ pub fn refused_without_the_privilege(args: &[&str]) {
     assert!(stderr.contains("CAP_NET_ADMIN"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one message: {stderr}");
 }
+
+/// POSTs `raw` to the HTTP server at `addr` as it is (bytes a client library could not send)
+/// and returns the whole answer, status line and headers included.
+pub async fn raw_post(addr: &str, path: &str, raw: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{raw}",
+        raw.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    answer
+}
+
+/// One 64-byte exchange with an echo behind `conn`: how long it took (within [`PROMPT`]).
+pub async fn exchange(conn: &mut tokio::net::TcpStream) -> Duration {
+    let start = std::time::Instant::now();
+    conn.write_all(&[4u8; 64]).await.unwrap();
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(PROMPT, conn.read_exact(&mut buf))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    assert_eq!(buf, [4u8; 64]);
+    start.elapsed()
+}
