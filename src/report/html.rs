@@ -374,7 +374,7 @@ fn styled_cdf_plot(series: &[Series], x_desc: &str) -> PlotResult {
 /// p50 and p99 bars, a panel per profile (the rows of that profile, named without it), all on
 /// one log scale so panels compare at a glance; under them one legend.
 fn bar_panels(t: &Table) -> Result<String, String> {
-    let mut panels: Vec<(&str, Vec<(&str, f64, f64, Look)>)> = Vec::new();
+    let mut panels: Vec<(&str, Vec<Bar>)> = Vec::new();
     for (pi, profile) in t.profiles.iter().enumerate() {
         let mut bars = Vec::new();
         for (ri, name) in t.rows.iter().enumerate() {
@@ -410,7 +410,10 @@ fn bar_panels(t: &Table) -> Result<String, String> {
 
 const BAR_PANEL_WIDTH: u32 = 640;
 
-fn bars_svg(bars: &[(&str, f64, f64, Look)], lo: f64, hi: f64, label_px: u32) -> PlotResult {
+/// A row's bar: its name, p50 and p99 (ms), and its look.
+type Bar<'a> = (&'a str, f64, f64, Look);
+
+fn bars_svg(bars: &[Bar], lo: f64, hi: f64, label_px: u32) -> PlotResult {
     let n = bars.len();
     let mut svg = String::new();
     {
@@ -434,6 +437,9 @@ fn bars_svg(bars: &[(&str, f64, f64, Look)], lo: f64, hi: f64, label_px: u32) ->
             .x_label_formatter(&tick_label)
             .light_line_style(TRANSPARENT)
             .y_labels(n)
+            // Plotters' default shrinks with the panel's width, too small to read a row name.
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 13))
             .y_label_formatter(&|v| match v {
                 SegmentValue::CenterOf(i) if *i < n => bars[row(*i)].0.to_string(),
                 _ => String::new(),

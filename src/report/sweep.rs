@@ -76,7 +76,9 @@ struct Panel {
 /// The panels along `axis`: only those with a line of two x values or more, so a table that
 /// does not sweep the axis has none.
 fn panels(t: &Table, axis: Axis) -> Vec<Panel> {
-    let mut panels: Vec<(usize, String, Vec<(String, Line)>)> = Vec::new();
+    // (profile, fixed axes, the lines by name) as first seen.
+    type Named = (usize, String, Vec<(String, Line)>);
+    let mut panels: Vec<Named> = Vec::new();
     for (ri, key) in t.keys.iter().enumerate() {
         let Some((x, fixed)) = axis.place(key) else {
             continue;
