@@ -466,11 +466,7 @@ fn gates_html(checks: &[Check]) -> String {
         return String::new();
     }
     let mut h = String::from("<h2>Gates</h2>\n");
-    let mut names: Vec<&str> = checks.iter().map(|c| c.assertion.as_str()).collect();
-    names.dedup();
-    for name in names {
-        let mine: Vec<&Check> = checks.iter().filter(|c| c.assertion == name).collect();
-        let failed: Vec<&&Check> = mine.iter().filter(|c| !c.holds).collect();
+    for (name, mine, failed) in super::gate::by_assertion(checks) {
         if failed.is_empty() {
             let _ = writeln!(
                 h,
