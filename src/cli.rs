@@ -1245,7 +1245,7 @@ fn finish_report(
     let checks = crate::report::gate::check(table, &flags.assert);
     let comparison = baseline.map(|(c, _)| c);
     if let Some((path, title)) = html {
-        write_html(path, title, table, rows)?;
+        write_html(path, title, table, rows, &checks, comparison)?;
     }
     let json = || crate::report::json::summary(table, rows, &checks, comparison);
     let mut out = std::io::stdout();
@@ -1308,8 +1308,10 @@ fn write_html(
     title: &str,
     table: &Table,
     rows: usize,
+    checks: &[crate::report::gate::Check],
+    baseline: Option<&compare::Comparison>,
 ) -> Result<(), CliError> {
-    let page = crate::report::html::page(title, table, rows)
+    let page = crate::report::html::page(title, table, rows, checks, baseline)
         .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
     std::fs::write(path, page)
         .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))

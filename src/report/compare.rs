@@ -10,7 +10,7 @@ use super::metric::Metric;
 use super::{Cell, Table};
 
 /// The figures compared, in the order shown.
-const COMPARED: [Metric; 4] = [
+pub(super) const COMPARED: [Metric; 4] = [
     Metric::P50,
     Metric::P99,
     Metric::CallsPerSec,
@@ -191,7 +191,7 @@ impl Comparison {
 }
 
 /// A figure without its unit (the column names the metric): ms for latencies.
-fn figure(m: Metric, v: f64) -> String {
+pub(super) fn figure(m: Metric, v: f64) -> String {
     match m {
         Metric::P50 | Metric::P99 => super::metric::format_ms(v),
         _ => format!("{v:.0}"),

@@ -290,14 +290,25 @@ pub fn check(t: &Table, assertions: &[Assertion]) -> Vec<Check> {
     checks
 }
 
+/// The checks grouped by assertion, in the order given: its name, its checks, and those that
+/// failed. The text and the HTML report both list them so.
+pub fn by_assertion(checks: &[Check]) -> Vec<(&str, Vec<&Check>, Vec<&Check>)> {
+    let mut names: Vec<&str> = checks.iter().map(|c| c.assertion.as_str()).collect();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|name| {
+            let mine: Vec<&Check> = checks.iter().filter(|c| c.assertion == name).collect();
+            let failed = mine.iter().copied().filter(|c| !c.holds).collect();
+            (name, mine, failed)
+        })
+        .collect()
+}
+
 /// The checks in words: a line per assertion, and one per cell that broke it.
 pub fn render(checks: &[Check]) -> String {
     let mut out = String::new();
-    let mut names: Vec<&str> = checks.iter().map(|c| c.assertion.as_str()).collect();
-    names.dedup();
-    for name in names {
-        let mine: Vec<&Check> = checks.iter().filter(|c| c.assertion == name).collect();
-        let failed: Vec<&&Check> = mine.iter().filter(|c| !c.holds).collect();
+    for (name, mine, failed) in by_assertion(checks) {
         if failed.is_empty() {
             out += &format!("assert {name}: holds in all {} cells\n", mine.len());
             continue;

@@ -15,6 +15,7 @@ pub mod gate;
 pub mod html;
 pub mod json;
 pub mod metric;
+pub mod sweep;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
