@@ -128,7 +128,8 @@ const TYPES: &[(&str, &[Attr])] = &[
             int("latency", 0, MAX_MODEL_MS, "ms"),
             // A wider jitter would clip the delay at 0 (Toxiproxy's and ours): the mean would
             // no longer be the latency asked for.
-            int_at_most("jitter", MAX_MODEL_MS, "ms", "latency"),
+            // Wider than the latency is Toxiproxy's too: the delay is clipped at zero.
+            int("jitter", 0, MAX_MODEL_MS, "ms"),
         ],
     ),
     // Toxiproxy takes rate 0 (and a missing rate) as no limit at all: refused here, since a

@@ -44,8 +44,8 @@ fn a_tiny_experiment_runs_end_to_end() {
     );
     assert_eq!(
         page.matches("<svg").count(),
-        3,
-        "a CDF per profile and the bar chart"
+        4,
+        "a CDF and a p50/p99 bar panel per profile"
     );
     assert!(
         page.contains("polyline") || page.contains("<path"),

@@ -84,7 +84,7 @@ fn bad_attributes() -> Vec<(&'static str, Value, &'static str, &'static str)> {
             "rate",
             "from 1 to 100000000",
         ),
-        // Latency: a year, negative, a float, a string, a jitter wider than the latency.
+        // Latency: a year, negative, a float, a string.
         (
             "latency",
             json!({"latency": 31_536_000_000u64}),
@@ -109,12 +109,6 @@ fn bad_attributes() -> Vec<(&'static str, Value, &'static str, &'static str)> {
             json!({"latency": "100"}),
             "latency",
             "an integer",
-        ),
-        (
-            "latency",
-            json!({"latency": 10, "jitter": 11}),
-            "jitter",
-            "at most latency",
         ),
         (
             "latency",
@@ -247,26 +241,27 @@ async fn every_out_of_bounds_attribute_is_refused_on_create_and_update() {
         assert_eq!(after, before, "update {what} changed nothing");
         call(a, Method::DELETE, &path, json!({})).await.unwrap();
     }
-    // A partial update is checked against what it merges with: a jitter over the kept latency.
+    // A partial update is checked against what it merges with: a slicer's size variation over
+    // the kept average size.
     call(
         a,
         Method::POST,
         "/proxies/b/toxics",
-        json!({"type": "latency", "attributes": {"latency": 10}}),
+        json!({"type": "slicer", "attributes": {"average_size": 10}}),
     )
     .await
     .unwrap();
     let (status, message) = call(
         a,
         Method::PATCH,
-        "/proxies/b/toxics/latency_downstream",
-        json!({"attributes": {"jitter": 20}}),
+        "/proxies/b/toxics/slicer_downstream",
+        json!({"attributes": {"size_variation": 20}}),
     )
     .await
     .unwrap_err();
     assert_eq!(status, 400);
     assert!(
-        message.contains("jitter") && message.contains("at most latency"),
+        message.contains("size_variation") && message.contains("at most average_size"),
         "{message}"
     );
 
@@ -280,7 +275,7 @@ async fn every_out_of_bounds_attribute_is_refused_on_create_and_update() {
             ),
             (
                 Method::PATCH,
-                "/proxies/b/toxics/latency_downstream",
+                "/proxies/b/toxics/slicer_downstream",
                 json!({"toxicity": toxicity}),
             ),
         ] {
