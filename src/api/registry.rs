@@ -17,6 +17,7 @@ use super::ApiError;
 use crate::fault::Direction;
 use crate::link::Engine;
 use crate::profile::Profile;
+use crate::proxy::kernel::KernelPath;
 use crate::proxy::{Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_WINDOW};
 use crate::toxic::Toxic;
 
@@ -171,6 +172,8 @@ fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEn
 struct Running {
     stop: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
+    /// The kernel engine's path, retuned as the toxics change.
+    path: Option<Arc<KernelPath>>,
 }
 
 struct Managed {
@@ -244,10 +247,11 @@ impl Managed {
             })?,
             _ => proxy,
         };
+        let path = proxy.kernel_path();
         let stop = CancellationToken::new();
         let task = tokio::spawn(proxy.run(listener, stop.clone().cancelled_owned()));
         tracing::info!(proxy = %self.name, listen = %self.listen, upstream = %self.upstream, "started");
-        self.running = Some(Running { stop, task });
+        self.running = Some(Running { stop, task, path });
         Ok(())
     }
 
@@ -260,8 +264,13 @@ impl Managed {
         }
     }
 
+    /// Puts the toxics in force before the API answers: the kernel engine's path is retuned
+    /// here, and each model connection takes the change up before the next byte it reads.
     fn publish(&self) {
-        let list = self.toxics.iter().map(|e| e.toxic.clone()).collect();
+        let list: Vec<Toxic> = self.toxics.iter().map(|e| e.toxic.clone()).collect();
+        if let Some(path) = self.running.as_ref().and_then(|r| r.path.as_ref()) {
+            path.retune(&crate::toxic::resolve_path(&self.base, &list));
+        }
         self.published.send_replace(Arc::new(list));
     }
 

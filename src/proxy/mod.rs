@@ -167,8 +167,6 @@ struct Shared {
     stats: Arc<ProxyStats>,
     /// The kernel engine's namespaces and link, when this proxy uses it.
     kernel: Option<Arc<KernelPath>>,
-    /// Retunes the kernel engine's link as live toxics change; stops with the proxy.
-    _follow_toxics: Option<tokio_util::task::AbortOnDropHandle<()>>,
     /// Unreachable-upstream warnings: one line a second at most, however many clients fail.
     refusals: Mutex<crate::net::Throttle>,
 }
@@ -203,7 +201,6 @@ impl Proxy {
                 options,
                 stats,
                 kernel: None,
-                _follow_toxics: None,
                 refusals: Mutex::new(crate::net::Throttle::new()),
             }),
         }
@@ -211,34 +208,27 @@ impl Proxy {
 
     /// Moves this proxy onto the kernel engine: sets up its namespace pair and link now, so a
     /// missing privilege is reported before anything listens. Under live toxics the link
-    /// follows them: each change retunes the whole path (every connection shares it), so only
-    /// toxics that describe the path belong there ([`crate::toxic::ToxicKind::shapes_the_path`]);
-    /// the control API refuses the rest on such a proxy.
+    /// starts from the toxics in force; whoever changes them retunes it through
+    /// [`Proxy::kernel_path`] in the same step (the whole path: every connection shares it), so
+    /// only toxics that describe the path belong there
+    /// ([`crate::toxic::ToxicKind::shapes_the_path`]); the control API refuses the rest.
     pub async fn with_kernel_engine(mut self) -> Result<Proxy, NamespaceError> {
         let shared = Arc::get_mut(&mut self.shared).expect("a new proxy is not shared yet");
-        let (profile, toxics) = match &shared.faults {
-            Faults::Fixed(profile) => (profile.clone(), None),
-            Faults::Live { base, toxics } => {
-                let list = toxics.borrow().clone();
-                (toxic::resolve_path(base, &list), Some(toxics.clone()))
-            }
+        let profile = match &shared.faults {
+            Faults::Fixed(profile) => profile.clone(),
+            Faults::Live { base, toxics } => toxic::resolve_path(base, &toxics.borrow()),
         };
         let path =
             Arc::new(KernelPath::new(&profile, shared.options.seed, &shared.options.name).await?);
         let _ = shared.stats.link.set(path.link_stats());
-        if let (Some(mut toxics), Faults::Live { base, .. }) = (toxics, &shared.faults) {
-            let (base, follower) = (base.clone(), path.clone());
-            shared._follow_toxics = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                async move {
-                    while toxics.changed().await.is_ok() {
-                        let list = toxics.borrow_and_update().clone();
-                        follower.retune(&toxic::resolve_path(&base, &list));
-                    }
-                },
-            )));
-        }
         shared.kernel = Some(path);
         Ok(self)
+    }
+
+    /// The kernel engine's path, when the proxy runs on it: retuned by whoever changes a live
+    /// proxy's toxics, before the change is confirmed, so the next packet already meets it.
+    pub fn kernel_path(&self) -> Option<Arc<KernelPath>> {
+        self.shared.kernel.clone()
     }
 
     /// The live counters; keep the `Arc` to read them while the proxy runs.
@@ -466,6 +456,95 @@ mod tests {
         for (name, size, most) in sizes {
             println!("{name}: {size} bytes");
             assert!(size <= most, "{name}'s future is {size} bytes, over {most}");
+        }
+    }
+
+    /// Once a toxic change is published, the next byte read is carried under it, whether the
+    /// connection is still copying (the change takes it over) or already scheduled. CI once
+    /// saw a 50 ms toxic missed by a ping sent after the API had answered: the connection's
+    /// task woke with both the change and the ping pending and took the ping first. Here that
+    /// wake-up is forced: the task is a future polled by hand, the change is published and the
+    /// ping sent while it is not polled, and then it is. Both orders were equally likely before
+    /// the fix, so twenty rounds would have missed it about once in a million.
+    #[tokio::test]
+    async fn a_published_toxic_applies_to_the_very_next_byte() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (publish, toxics) = watch::channel(Arc::new(Vec::new()));
+        let faults = Faults::Live {
+            base: Profile::builtin("local").unwrap(),
+            toxics,
+        };
+        let proxy = Proxy::with_faults(
+            echo_addr.to_string(),
+            faults,
+            ProxyOptions::default(),
+            Arc::new(ProxyStats::default()),
+        );
+        let delay = Duration::from_millis(20);
+        let latency = Arc::new(vec![Toxic {
+            name: "l".into(),
+            kind: toxic::ToxicKind::Latency {
+                latency_ms: delay.as_millis() as u64,
+                jitter_ms: 0,
+            },
+            stream: Direction::Upstream,
+            toxicity: 1.0,
+            revision: 0,
+            clients: Vec::new(),
+        }]);
+        let none = Arc::new(Vec::new());
+        async fn pong(conn: &mut TcpStream) {
+            let mut buf = [0u8; 64];
+            conn.read_exact(&mut buf).await.unwrap();
+        }
+        for round in 0..20 {
+            let mut client = TcpStream::connect(front.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (accepted, _) = front.accept().await.unwrap();
+            let cancel = CancellationToken::new();
+            let mut task = std::pin::pin!(serve_connection(
+                proxy.shared.clone(),
+                accepted,
+                round,
+                cancel
+            ));
+            // Drives the connection until `conn` has its 64-byte answer.
+            macro_rules! exchange {
+                ($conn:expr) => {
+                    tokio::select! {
+                        () = &mut task => panic!("the connection ended"),
+                        () = pong($conn) => {}
+                    }
+                };
+            }
+            client.write_all(&[1u8; 64]).await.unwrap();
+            exchange!(&mut client);
+            for phase in ["copying", "scheduled"] {
+                // The task is parked and not polled until `exchange!`: the change and the ping
+                // are both waiting for it, and the runtime has time to see the ping arrive.
+                publish.send_replace(latency.clone());
+                let sent = Instant::now();
+                client.write_all(&[2u8; 64]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                exchange!(&mut client);
+                let rtt = sent.elapsed();
+                assert!(rtt >= delay, "round {round}, {phase}: {rtt:?}");
+                publish.send_replace(none.clone());
+                client.write_all(&[3u8; 64]).await.unwrap();
+                exchange!(&mut client);
+            }
         }
     }
 }

@@ -92,9 +92,13 @@ pub async fn copy_until_toxics(
         }
     };
     let copied = std::pin::pin!(copy_phase(ends, &handover));
+    // The watch is polled first on every wake-up: a toxic the API has confirmed is seen before
+    // any byte read in the same wake-up is copied past it. Unbiased, a ping sent just after
+    // the API's answer could be read and copied first (seen in CI).
     tokio::select! {
-        ended = copied => ended,
+        biased;
         () = watch => unreachable!("the watch never returns"),
+        ended = copied => ended,
     }
 }
 
@@ -329,15 +333,20 @@ pub async fn schedule_both(
             None => std::future::pending().await,
         }
     });
+    // The supervisor is polled before the pipes on every wake-up, so a toxic change the API
+    // has confirmed is published before any byte read in the same wake-up is scheduled (the
+    // readers take it up in `catch_up`). Unbiased, a read could win the race and go out under
+    // the old toxics even though it was sent after the change was acknowledged.
     tokio::select! {
-        _ = work => {}
-        _ = abort.cancelled() => {}
+        biased;
         () = supervise => {
             // A timed toxic ended the connection: both ends see a reset.
             reset_on_close(ends.client);
             reset_on_close(ends.upstream);
             abort.cancel();
         }
+        _ = abort.cancelled() => {}
+        _ = work => {}
     }
 }
 
