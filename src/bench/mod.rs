@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hdrhistogram::Histogram;
 
-use crate::flavour::{CallError, ErrorKind, Flavour, SocketOptions, WireCounters};
+use crate::flavour::{CallError, Failure, FailureCounts, Flavour, SocketOptions, WireCounters};
 use crate::results::{new_histogram, Row};
 use crate::workload::{Generator, Workload};
 pub use mode::{Connections, Mode};
@@ -67,8 +67,8 @@ pub struct BenchOutcome {
     pub elapsed: Duration,
     pub calls: u64,
     pub ok: u64,
-    /// Failures by kind, in [`ErrorKind::ALL`] order.
-    pub errors: [u64; 5],
+    /// Failures by kind.
+    pub errors: FailureCounts,
     /// Latency of successful calls, µs.
     pub latency: Histogram<u64>,
     /// Connections opened during the phase, plus kept ones carried over from warm-up.
@@ -82,14 +82,7 @@ pub struct BenchOutcome {
 
 impl BenchOutcome {
     pub fn failed(&self) -> u64 {
-        self.errors.iter().sum()
-    }
-
-    pub fn errors_of(&self, kind: ErrorKind) -> u64 {
-        self.errors[ErrorKind::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .expect("listed")]
+        self.errors.total()
     }
 
     pub fn throughput(&self) -> f64 {
@@ -112,11 +105,11 @@ impl BenchOutcome {
             calls: self.calls,
             ok: self.ok,
             failed: self.failed(),
-            err_connect: self.errors_of(ErrorKind::Connect),
-            err_timeout: self.errors_of(ErrorKind::Timeout),
-            err_reset: self.errors_of(ErrorKind::Reset),
-            err_protocol: self.errors_of(ErrorKind::Protocol),
-            err_other: self.errors_of(ErrorKind::Other),
+            err_connect: self.errors.connect,
+            err_timeout: self.errors.timeout,
+            err_reset: self.errors.reset,
+            err_protocol: self.errors.protocol,
+            err_other: self.errors.other,
             elapsed_ms: self.elapsed.as_millis() as u64,
             throughput_rps: (self.throughput() * 100.0).round() / 100.0,
             conns_opened: self.conns_opened,
@@ -146,11 +139,10 @@ impl BenchOutcome {
             self.failed()
         );
         if self.failed() > 0 {
-            let kinds: Vec<String> = ErrorKind::ALL
-                .iter()
-                .zip(self.errors)
-                .filter(|(_, n)| *n > 0)
-                .map(|(k, n)| format!("{} {n}", k.label()))
+            let kinds: Vec<String> = Failure::ALL
+                .into_iter()
+                .filter(|&k| self.errors[k] > 0)
+                .map(|k| format!("{} {}", k.label(), self.errors[k]))
                 .collect();
             s += &format!(" ({})", kinds.join(", "));
         }
@@ -200,7 +192,7 @@ struct Phase {
 /// What one worker counted.
 struct Tally {
     ok: u64,
-    errors: [u64; 5],
+    errors: FailureCounts,
     latency: Histogram<u64>,
     sample_errors: Vec<CallError>,
 }
@@ -253,7 +245,7 @@ pub async fn run_with<T>(
         elapsed,
         calls: 0,
         ok: 0,
-        errors: [0; 5],
+        errors: FailureCounts::default(),
         latency: new_histogram(),
         conns_opened: carried + wire.opened.load(Ordering::Relaxed) - opened,
         bytes_out: wire.bytes_out.load(Ordering::Relaxed) - out,
@@ -263,9 +255,7 @@ pub async fn run_with<T>(
     };
     for t in tallies {
         outcome.ok += t.ok;
-        for (sum, n) in outcome.errors.iter_mut().zip(t.errors) {
-            *sum += n;
-        }
+        outcome.errors.add(&t.errors);
         outcome.latency.add(&t.latency).expect("same bounds");
         for e in t.sample_errors {
             if outcome.sample_errors.len() < SAMPLE_ERRORS {
@@ -310,7 +300,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
     let spec = &phase.spec;
     let mut tally = Tally {
         ok: 0,
-        errors: [0; 5],
+        errors: FailureCounts::default(),
         latency: new_histogram(),
         sample_errors: Vec::new(),
     };
@@ -356,7 +346,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
         .await;
         let outcome = match result {
             Err(_) => Err(CallError::new(
-                ErrorKind::Timeout,
+                Failure::Timeout,
                 format!("no reply within {:?}", spec.timeout),
             )),
             Ok(reply) => reply.and_then(|r| Generator::verify(&call, &r)),
@@ -371,15 +361,11 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
                 // A reset connection is gone; one that timed out or answered wrongly while
                 // carrying one exchange at a time (HTTP/1.1) is mid-exchange. Neither is reused.
                 if let Some(lease) = &leased {
-                    if e.kind == ErrorKind::Reset || !lease.client.multiplexed() {
+                    if e.kind == Failure::Reset || !lease.client.multiplexed() {
                         phase.connections.discard(lease).await;
                     }
                 }
-                let slot = ErrorKind::ALL
-                    .iter()
-                    .position(|k| *k == e.kind)
-                    .expect("listed");
-                tally.errors[slot] += 1;
+                tally.errors[e.kind] += 1;
                 if tally.sample_errors.len() < SAMPLE_ERRORS {
                     tally.sample_errors.push(e);
                 }

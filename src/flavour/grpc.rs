@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use super::{BoxFuture, CallError, Client, ErrorKind, Flavour, WireCounters, MAX_MESSAGE};
+use super::{BoxFuture, CallError, Client, Failure, Flavour, WireCounters, MAX_MESSAGE};
 use crate::rig::pb::rig_client::RigClient;
 use crate::rig::pb::rig_server::{Rig, RigServer};
 use crate::rig::{pb, Call, Reply};
@@ -53,9 +53,7 @@ impl Flavour for Grpc {
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
             let endpoint = Endpoint::from_shared(format!("http://{target}"))
-                .map_err(|e| {
-                    CallError::new(ErrorKind::Connect, format!("bad target {target}: {e}"))
-                })?
+                .map_err(|e| CallError::new(Failure::Connect, format!("bad target {target}: {e}")))?
                 .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
                 .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW);
             let (target, wire) = (target.to_string(), wire.clone());
@@ -70,23 +68,13 @@ impl Flavour for Grpc {
             let channel = endpoint
                 .connect_with_connector(connector)
                 .await
-                .map_err(|e| CallError::new(ErrorKind::Connect, error_text(&e)))?;
+                .map_err(|e| CallError::new(Failure::Connect, super::full_message(&e)))?;
             let client = RigClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
             Ok(Arc::new(GrpcClient { client }) as Arc<dyn Client>)
         })
     }
-}
-
-fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
 }
 
 /// The tonic service: every method hands the call to the shared [`RigService`].
@@ -189,7 +177,7 @@ impl Client for GrpcClient {
 fn status_error(s: &Status) -> CallError {
     if let Some(source) = std::error::Error::source(s) {
         let classified = CallError::classify(source);
-        if classified.kind != ErrorKind::Other {
+        if classified.kind != Failure::Other {
             return CallError::new(
                 classified.kind,
                 format!("{}: {}", s.message(), classified.detail),
@@ -198,12 +186,12 @@ fn status_error(s: &Status) -> CallError {
     }
     use tonic::Code;
     let kind = match s.code() {
-        Code::DeadlineExceeded => ErrorKind::Timeout,
-        Code::Unavailable | Code::Cancelled | Code::Aborted => ErrorKind::Reset,
+        Code::DeadlineExceeded => Failure::Timeout,
+        Code::Unavailable | Code::Cancelled | Code::Aborted => Failure::Reset,
         Code::Internal | Code::Unimplemented | Code::DataLoss | Code::ResourceExhausted => {
-            ErrorKind::Protocol
+            Failure::Protocol
         }
-        _ => ErrorKind::Other,
+        _ => Failure::Other,
     };
     CallError::new(kind, format!("{:?}: {}", s.code(), s.message()))
 }

@@ -56,7 +56,7 @@ impl Flavour for Http1Json {
             let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
             let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
-                .map_err(|e| CallError::new(super::ErrorKind::Connect, e.to_string()))?;
+                .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
             Ok(Arc::new(Http1Client {
                 sender: tokio::sync::Mutex::new(sender),
                 authority: target.to_string(),
@@ -84,14 +84,11 @@ impl Client for Http1Client {
             // Hold the connection until the whole response body is read: only then may the next
             // request go out on it.
             let mut sender = self.sender.lock().await;
-            sender
-                .ready()
-                .await
-                .map_err(|e| http_json::hyper_error(&e))?;
+            sender.ready().await.map_err(|e| CallError::classify(&e))?;
             let response = sender
                 .send_request(request)
                 .await
-                .map_err(|e| http_json::hyper_error(&e))?;
+                .map_err(|e| CallError::classify(&e))?;
             http_json::reply(call.operation(), response).await
         }))
     }

@@ -88,7 +88,7 @@ impl Flavour for Http2Json {
                     .initial_connection_window_size(CONNECTION_WINDOW)
                     .handshake(TokioIo::new(stream))
                     .await
-                    .map_err(|e| CallError::new(super::ErrorKind::Connect, e.to_string()))?;
+                    .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
             Ok(Arc::new(Http2Client {
                 sender,
                 authority: target.to_string(),
@@ -116,14 +116,11 @@ impl Client for Http2Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
         Box::pin(self.connection.drive(async move {
             let mut sender = self.sender.clone();
-            sender
-                .ready()
-                .await
-                .map_err(|e| http_json::hyper_error(&e))?;
+            sender.ready().await.map_err(|e| CallError::classify(&e))?;
             let response = sender
                 .send_request(http_json::request(call, &self.authority, true))
                 .await
-                .map_err(|e| http_json::hyper_error(&e))?;
+                .map_err(|e| CallError::classify(&e))?;
             http_json::reply(call.operation(), response).await
         }))
     }

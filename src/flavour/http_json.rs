@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::budget::{self, Budget, Charge};
-use super::{CallError, ErrorKind, MAX_MESSAGE};
+use super::{CallError, Failure, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -179,7 +179,7 @@ pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, Cal
         .to_bytes();
     if status == StatusCode::BAD_REQUEST {
         return Err(CallError::new(
-            ErrorKind::Other,
+            Failure::Other,
             format!(
                 "server refused the call: {}",
                 String::from_utf8_lossy(&body)
@@ -276,25 +276,11 @@ impl<C: Future + Send> CallerDriven<C> {
             match exchange.as_mut().poll(cx) {
                 Poll::Ready(r) => Poll::Ready(r),
                 Poll::Pending if self.ended.load(Ordering::Relaxed) => Poll::Ready(Err(
-                    CallError::new(ErrorKind::Reset, "connection closed before the reply"),
+                    CallError::new(Failure::Reset, "connection closed before the reply"),
                 )),
                 Poll::Pending => Poll::Pending,
             }
         })
         .await
     }
-}
-
-/// Classifies a hyper client error.
-pub fn hyper_error(e: &hyper::Error) -> CallError {
-    let kind = if e.is_timeout() {
-        ErrorKind::Timeout
-    } else if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-        ErrorKind::Protocol
-    } else if e.is_canceled() || e.is_closed() || e.is_incomplete_message() {
-        ErrorKind::Reset
-    } else {
-        return CallError::classify(e);
-    };
-    CallError::new(kind, e.to_string())
 }

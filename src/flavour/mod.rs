@@ -4,7 +4,7 @@
 //!
 //! Shared here, once: the accept loop every server uses ([`serve`]), the TCP connect every client
 //! uses ([`connect_tcp`], counting connections and wire bytes), and the classification of
-//! failures into the outcome columns of the CSV ([`ErrorKind`]).
+//! failures into the outcome columns of the CSV ([`Failure`]).
 
 pub mod budget;
 pub mod grpc;
@@ -139,7 +139,7 @@ pub async fn serve_with(
 
 /// Why a call failed: the CSV's `err_*` columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+pub enum Failure {
     /// The connection could not be opened (refused, unreachable, handshake failed).
     Connect,
     /// No reply within the call timeout.
@@ -153,22 +153,72 @@ pub enum ErrorKind {
     Other,
 }
 
-impl ErrorKind {
-    pub const ALL: [ErrorKind; 5] = [
-        ErrorKind::Connect,
-        ErrorKind::Timeout,
-        ErrorKind::Reset,
-        ErrorKind::Protocol,
-        ErrorKind::Other,
+impl Failure {
+    pub const ALL: [Failure; 5] = [
+        Failure::Connect,
+        Failure::Timeout,
+        Failure::Reset,
+        Failure::Protocol,
+        Failure::Other,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
-            ErrorKind::Connect => "connect",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Reset => "reset",
-            ErrorKind::Protocol => "protocol",
-            ErrorKind::Other => "other",
+            Failure::Connect => "connect",
+            Failure::Timeout => "timeout",
+            Failure::Reset => "reset",
+            Failure::Protocol => "protocol",
+            Failure::Other => "other",
+        }
+    }
+}
+
+/// Failed calls counted by why: a field per `err_*` column, indexed by [`Failure`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailureCounts {
+    pub connect: u64,
+    pub timeout: u64,
+    pub reset: u64,
+    pub protocol: u64,
+    pub other: u64,
+}
+
+impl FailureCounts {
+    /// Every failure, of any kind.
+    pub fn total(&self) -> u64 {
+        Failure::ALL.iter().map(|&k| self[k]).sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &FailureCounts) {
+        for k in Failure::ALL {
+            self[k] += other[k];
+        }
+    }
+}
+
+impl std::ops::Index<Failure> for FailureCounts {
+    type Output = u64;
+
+    fn index(&self, kind: Failure) -> &u64 {
+        match kind {
+            Failure::Connect => &self.connect,
+            Failure::Timeout => &self.timeout,
+            Failure::Reset => &self.reset,
+            Failure::Protocol => &self.protocol,
+            Failure::Other => &self.other,
+        }
+    }
+}
+
+impl std::ops::IndexMut<Failure> for FailureCounts {
+    fn index_mut(&mut self, kind: Failure) -> &mut u64 {
+        match kind {
+            Failure::Connect => &mut self.connect,
+            Failure::Timeout => &mut self.timeout,
+            Failure::Reset => &mut self.reset,
+            Failure::Protocol => &mut self.protocol,
+            Failure::Other => &mut self.other,
         }
     }
 }
@@ -177,12 +227,12 @@ impl ErrorKind {
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{}: {detail}", kind.label())]
 pub struct CallError {
-    pub kind: ErrorKind,
+    pub kind: Failure,
     pub detail: String,
 }
 
 impl CallError {
-    pub fn new(kind: ErrorKind, detail: impl Into<String>) -> CallError {
+    pub fn new(kind: Failure, detail: impl Into<String>) -> CallError {
         CallError {
             kind,
             detail: detail.into(),
@@ -190,44 +240,18 @@ impl CallError {
     }
 
     pub fn protocol(detail: impl Into<String>) -> CallError {
-        CallError::new(ErrorKind::Protocol, detail)
+        CallError::new(Failure::Protocol, detail)
     }
 
-    /// Classifies any error by the first I/O error in its source chain, else by its text.
+    /// Classifies any error by the types in its source chain, outermost first: the first whose
+    /// type says what happened (an I/O error's kind, hyper's and h2's predicates,
+    /// a timer's expiry, a call error already made) decides. Never by message text: a message
+    /// is for people, and reworded between versions. Nothing known in the chain: `other`.
     pub fn classify(e: &(dyn std::error::Error + 'static)) -> CallError {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-        while let Some(err) = source {
-            if let Some(io) = err.downcast_ref::<io::Error>() {
-                return CallError::new(kind_of_io(io), full_message(e));
-            }
-            if let Some(call) = err.downcast_ref::<CallError>() {
-                return call.clone();
-            }
-            source = err.source();
+        if let Some(call) = e.downcast_ref::<CallError>() {
+            return call.clone();
         }
-        let text = full_message(e);
-        let lower = text.to_ascii_lowercase();
-        let kind = if [
-            "reset",
-            "broken pipe",
-            "closed",
-            "incomplete",
-            "canceled",
-            "eof",
-        ]
-        .iter()
-        .any(|w| lower.contains(w))
-        {
-            ErrorKind::Reset
-        } else if ["parse", "invalid", "protocol", "frame"]
-            .iter()
-            .any(|w| lower.contains(w))
-        {
-            ErrorKind::Protocol
-        } else {
-            ErrorKind::Other
-        };
-        CallError::new(kind, text)
+        CallError::new(failure_of(e), full_message(e))
     }
 }
 
@@ -237,25 +261,89 @@ impl From<crate::rig::CodecError> for CallError {
     }
 }
 
-fn kind_of_io(e: &io::Error) -> ErrorKind {
+/// The kind of the first error in `e`'s chain whose type tells.
+fn failure_of(e: &(dyn std::error::Error + 'static)) -> Failure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(kind) = failure_by_type(err) {
+            return kind;
+        }
+        source = err.source();
+    }
+    Failure::Other
+}
+
+/// What `err` itself says, if its type tells; `None` to look at its source.
+fn failure_by_type(err: &(dyn std::error::Error + 'static)) -> Option<Failure> {
+    if let Some(call) = err.downcast_ref::<CallError>() {
+        return Some(call.kind);
+    }
+    if let Some(io) = err.downcast_ref::<io::Error>() {
+        // An error carried inside an I/O error (a codec's, a body's) knows more than the
+        // wrapper's kind; `source()` would skip it, so it is asked first.
+        if let Some(inner) = io.get_ref().and_then(|inner| failure_by_type(inner)) {
+            return Some(inner);
+        }
+        return Some(kind_of_io(io));
+    }
+    if let Some(h) = err.downcast_ref::<hyper::Error>() {
+        return if h.is_timeout() {
+            Some(Failure::Timeout)
+        } else if h.is_parse() || h.is_parse_status() || h.is_parse_too_large() {
+            Some(Failure::Protocol)
+        } else if h.is_canceled() || h.is_closed() || h.is_incomplete_message() {
+            Some(Failure::Reset)
+        } else {
+            // An h2 or I/O error beneath says more.
+            None
+        };
+    }
+    if let Some(h2) = err.downcast_ref::<h2::Error>() {
+        if let Some(io) = h2.get_io() {
+            return Some(kind_of_io(io));
+        }
+        return match h2.reason() {
+            Some(
+                h2::Reason::PROTOCOL_ERROR
+                | h2::Reason::FRAME_SIZE_ERROR
+                | h2::Reason::COMPRESSION_ERROR
+                | h2::Reason::FLOW_CONTROL_ERROR,
+            ) => Some(Failure::Protocol),
+            // Any other reason ends a stream or the connection (RST_STREAM, GOAWAY, a cancel).
+            Some(_) => Some(Failure::Reset),
+            // Misuse of the h2 API by the client: not a network outcome.
+            None => None,
+        };
+    }
+    if err.is::<tokio::time::error::Elapsed>() {
+        return Some(Failure::Timeout);
+    }
+    if err.is::<http_body_util::LengthLimitError>() {
+        // A reply over the message limit.
+        return Some(Failure::Protocol);
+    }
+    None
+}
+
+fn kind_of_io(e: &io::Error) -> Failure {
     use io::ErrorKind as K;
     match e.kind() {
         K::ConnectionRefused | K::AddrNotAvailable | K::HostUnreachable | K::NetworkUnreachable => {
-            ErrorKind::Connect
+            Failure::Connect
         }
         K::ConnectionReset
         | K::ConnectionAborted
         | K::BrokenPipe
         | K::UnexpectedEof
-        | K::NotConnected => ErrorKind::Reset,
-        K::TimedOut => ErrorKind::Timeout,
-        K::InvalidData => ErrorKind::Protocol,
-        _ => ErrorKind::Other,
+        | K::NotConnected => Failure::Reset,
+        K::TimedOut => Failure::Timeout,
+        K::InvalidData => Failure::Protocol,
+        _ => Failure::Other,
     }
 }
 
 /// "outer: cause: root cause", skipping repeats.
-fn full_message(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn full_message(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
@@ -375,7 +463,7 @@ pub async fn connect_tcp(
     framing: Framing,
 ) -> Result<CountingStream<TcpStream>, CallError> {
     let options = &wire.socket;
-    let fail = |e: io::Error| CallError::new(ErrorKind::Connect, format!("connect {target}: {e}"));
+    let fail = |e: io::Error| CallError::new(Failure::Connect, format!("connect {target}: {e}"));
     let stream = if options.namespace.is_none() && options.congestion.is_none() {
         TcpStream::connect(target).await.map_err(fail)?
     } else {
@@ -651,12 +739,46 @@ mod tests {
     }
 
     #[test]
-    fn io_errors_classify_by_kind() {
+    fn errors_classify_by_type_never_by_text() {
         let e = io::Error::from(io::ErrorKind::ConnectionReset);
-        assert_eq!(CallError::classify(&e).kind, ErrorKind::Reset);
+        assert_eq!(CallError::classify(&e).kind, Failure::Reset);
         let e = io::Error::from(io::ErrorKind::ConnectionRefused);
-        assert_eq!(CallError::classify(&e).kind, ErrorKind::Connect);
-        let wrapped = io::Error::other(CallError::new(ErrorKind::Timeout, "slow"));
-        assert_eq!(CallError::classify(&wrapped).kind, ErrorKind::Other);
+        assert_eq!(CallError::classify(&e).kind, Failure::Connect);
+        // Carried inside an I/O error, a call error keeps its kind.
+        let wrapped = io::Error::other(CallError::new(Failure::Timeout, "slow"));
+        assert_eq!(CallError::classify(&wrapped).kind, Failure::Timeout);
+        // h2: a peer's protocol complaint, a stream reset.
+        let e = h2::Error::from(h2::Reason::PROTOCOL_ERROR);
+        assert_eq!(CallError::classify(&e).kind, Failure::Protocol);
+        let e = h2::Error::from(h2::Reason::CANCEL);
+        assert_eq!(CallError::classify(&e).kind, Failure::Reset);
+        // A message that reads like a reset is still only a message.
+        #[derive(Debug, thiserror::Error)]
+        #[error("connection reset by peer (closed, eof)")]
+        struct Words;
+        assert_eq!(CallError::classify(&Words).kind, Failure::Other);
+        let deep = io::Error::other(Words);
+        assert_eq!(CallError::classify(&deep).kind, Failure::Other);
+    }
+
+    #[tokio::test]
+    async fn an_expired_timer_is_a_timeout() {
+        let e = tokio::time::timeout(std::time::Duration::ZERO, std::future::pending::<()>())
+            .await
+            .unwrap_err();
+        assert_eq!(CallError::classify(&e).kind, Failure::Timeout);
+    }
+
+    #[test]
+    fn failure_counts_are_indexed_by_kind() {
+        let mut counts = FailureCounts::default();
+        for (i, k) in Failure::ALL.into_iter().enumerate() {
+            counts[k] += i as u64 + 1;
+        }
+        assert_eq!((counts.connect, counts.other), (1, 5));
+        let mut sum = counts;
+        sum.add(&counts);
+        assert_eq!(sum.total(), 2 * counts.total());
+        assert_eq!(counts.total(), 15);
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::budget::{self, Budget, Charge, Frames};
-use super::{BoxFuture, CallError, Client, ErrorKind, Flavour, WireCounters, MAX_MESSAGE};
+use super::{BoxFuture, CallError, Client, Failure, Flavour, WireCounters, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -274,7 +274,7 @@ impl BinaryClient {
                     }
                     Some(Err(e)) => break CallError::classify(&e),
                     None => {
-                        break CallError::new(ErrorKind::Reset, "connection closed by the server")
+                        break CallError::new(Failure::Reset, "connection closed by the server")
                     }
                 }
             };
@@ -309,16 +309,16 @@ impl BinaryClient {
             call.encode_protobuf_into(b)
         });
         if self.frames.send((request, None)).await.is_err() {
-            return Err(CallError::new(ErrorKind::Reset, "connection closed"));
+            return Err(CallError::new(Failure::Reset, "connection closed"));
         }
         let (method, body) = reply
             .await
-            .map_err(|_| CallError::new(ErrorKind::Reset, "connection closed"))??;
+            .map_err(|_| CallError::new(Failure::Reset, "connection closed"))??;
         if method == op.code() {
             Ok(Reply::decode_protobuf(op, &body)?)
         } else if method == ERROR_FLAG | op.code() {
             Err(CallError::new(
-                ErrorKind::Other,
+                Failure::Other,
                 format!("server error: {}", String::from_utf8_lossy(&body)),
             ))
         } else {
@@ -557,9 +557,9 @@ mod tests {
             data: Bytes::from_static(b"x"),
         });
         let err = client.call(&call).await.unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Reset, "{err}");
+        assert_eq!(err.kind, Failure::Reset, "{err}");
         assert!(!client.is_open());
-        assert_eq!(client.call(&call).await.unwrap_err().kind, ErrorKind::Reset);
+        assert_eq!(client.call(&call).await.unwrap_err().kind, Failure::Reset);
     }
 
     /// A dropped client leaves nothing behind, even when the server never closes: per-call mode

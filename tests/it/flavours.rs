@@ -183,8 +183,8 @@ async fn lossy_thrift() {
     lossy(&flavour::thrift::Thrift).await;
 }
 
-fn only(out: &bench::BenchOutcome, kind: flavour::ErrorKind) -> bool {
-    out.ok == 0 && out.errors_of(kind) == out.calls && out.calls > 0
+fn only(out: &bench::BenchOutcome, kind: flavour::Failure) -> bool {
+    out.ok == 0 && out.errors[kind] == out.calls && out.calls > 0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,7 +220,7 @@ async fn failures_are_counted_by_kind() {
         s.stop = Stop::Calls(5);
         let out = bench::run(&s).await;
         assert!(
-            only(&out, flavour::ErrorKind::Connect),
+            only(&out, flavour::Failure::Connect),
             "{name} down: {}",
             out.summary(&s)
         );
@@ -230,7 +230,7 @@ async fn failures_are_counted_by_kind() {
         s.timeout = Duration::from_millis(300);
         let out = bench::run(&s).await;
         assert!(
-            only(&out, flavour::ErrorKind::Timeout),
+            only(&out, flavour::Failure::Timeout),
             "{name} silent: {}",
             out.summary(&s)
         );
@@ -240,7 +240,7 @@ async fn failures_are_counted_by_kind() {
         s.concurrency = 1;
         let out = bench::run(&s).await;
         assert!(
-            only(&out, flavour::ErrorKind::Reset),
+            only(&out, flavour::Failure::Reset),
             "{name} reset: {}",
             out.summary(&s)
         );

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use faultrig::flavour::{self, ErrorKind, Flavour, WireCounters};
+use faultrig::flavour::{self, Failure, Flavour, WireCounters};
 use faultrig::rig::{pb, Call, Reply};
 use faultrig::workload::{Generator, Workload};
 use tokio::sync::oneshot;
@@ -125,7 +125,7 @@ async fn our_client_calls_a_python_thrift_server() {
         quantity: 0,
     });
     let err = client.call(&bad).await.unwrap_err();
-    assert_eq!(err.kind, ErrorKind::Other, "{err}");
+    assert_eq!(err.kind, Failure::Other, "{err}");
     assert!(err.detail.contains("TApplicationException"), "{err}");
     let again = Generator::new(Workload::Order, 1).call(0);
     assert!(client.call(&again).await.is_ok());

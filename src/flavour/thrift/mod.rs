@@ -27,7 +27,7 @@ use self::protocol::{
     Writer,
 };
 use super::budget::{self, Budget, Frames};
-use super::{BoxFuture, CallError, Client, CountingStream, ErrorKind, Flavour, WireCounters};
+use super::{BoxFuture, CallError, Client, CountingStream, Failure, Flavour, WireCounters};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -273,7 +273,7 @@ impl ThriftClient {
         let mut conn = self.connection.lock().await;
         if conn.mid_exchange || !self.is_open() {
             return Err(self.lost(CallError::new(
-                ErrorKind::Reset,
+                Failure::Reset,
                 "connection unusable: an earlier call on it was abandoned or failed",
             )));
         }
@@ -299,7 +299,7 @@ impl ThriftClient {
             Some(Err(e)) => return Err(self.lost(CallError::classify(&e))),
             None => {
                 return Err(self.lost(CallError::new(
-                    ErrorKind::Reset,
+                    Failure::Reset,
                     "connection closed by the server",
                 )))
             }
@@ -324,7 +324,7 @@ impl ThriftClient {
             MessageType::Exception => {
                 let e = ApplicationException::read(&mut r)?;
                 Err(CallError::new(
-                    ErrorKind::Other,
+                    Failure::Other,
                     format!(
                         "server error (TApplicationException {}): {}",
                         e.kind, e.message
@@ -512,7 +512,7 @@ mod tests {
             quantity: 0,
         });
         let err = client.call(&bad).await.unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Other, "{err}");
+        assert_eq!(err.kind, Failure::Other, "{err}");
         assert!(err.detail.contains("quantity"), "{err}");
         assert!(client.is_open());
         deduct_works(addr).await;
@@ -535,7 +535,7 @@ mod tests {
             tokio::time::timeout(std::time::Duration::from_millis(50), client.call(&call)).await;
         assert!(timed_out.is_err());
         let err = client.call(&call).await.unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Reset, "{err}");
+        assert_eq!(err.kind, Failure::Reset, "{err}");
         assert!(!client.is_open());
     }
 }
