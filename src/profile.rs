@@ -72,7 +72,8 @@ pub struct LinkParams {
     pub rto_min: Duration,
     /// The sender's congestion control: pinned on the packet engines' sockets.
     pub congestion_control: CongestionControl,
-    /// Packet engines only: byte limit of the serialisation queue (drop-tail beyond it).
+    /// Byte limit of the bottleneck's queue (drop-tail beyond it): the packet engines drop the
+    /// packet, the model loses the segment (`fault::wire`).
     pub queue_limit: u64,
     /// Packet engines only: probability that a packet skips the delay (netem's `reorder`).
     pub reorder: f64,

@@ -1,7 +1,7 @@
 //! A precise timer for release deadlines.
 //!
 //! tokio's timer wheel rounds every deadline up to the next millisecond, which would turn a
-//! 100 µs LAN delay into about a millisecond. This timer keeps absolute deadlines in a heap on
+//! 100 µs LAN delay into about a millisecond. This timer keeps absolute deadlines, ordered, on
 //! one dedicated thread that sleeps on a condition variable with the kernel's timer slack set to
 //! 1 ns (so the sleep is an hrtimer), and wakes the waiting task a *lead* time before its
 //! deadline; the task spins the rest itself.

@@ -6,7 +6,8 @@
 //! How Toxiproxy's toxics map onto our model (nothing is ever silently dropped):
 //! - `latency`: delay + uniform jitter in the model, so it keeps throughput (a delayed stream is
 //!   not a slower one);
-//! - `bandwidth`: the model's token bucket (KB/s, 1 KB = 1000 bytes, as Toxiproxy);
+//! - `bandwidth`: the model's bottleneck rate, a first-in-first-out queue at line rate (KB/s,
+//!   1 KB = 1000 bytes, as Toxiproxy);
 //! - `loss` (ours): the packet-drop-like stall of the model, Bernoulli or Gilbert–Elliott;
 //! - `syn_loss` (ours): lost SYNs (upstream) or SYN-ACKs (downstream) of new connections;
 //! - `profile` (ours): a whole named profile's impairment for this direction, connection set-up

@@ -45,7 +45,7 @@ pub fn render(proxies: &[ProxyMetrics]) -> String {
     family(
         "faultrig_proxy_stalls_total",
         "counter",
-        "Segments (and SYN/SYN-ACKs) the fault model lost, each stalling delivery until retransmitted.",
+        "Segments (and SYN/SYN-ACKs) the fault model lost, each stalling delivery until retransmitted; on a kernel-engine proxy, packets its link dropped.",
         per_direction(&|p, d| match d {
             Direction::Upstream => p.stats.stalls_up,
             Direction::Downstream => p.stats.stalls_down,

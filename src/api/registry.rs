@@ -19,7 +19,7 @@ use crate::link::Engine;
 use crate::profile::Profile;
 use crate::proxy::kernel::KernelPath;
 use crate::proxy::{Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_WINDOW};
-use crate::toxic::Toxic;
+use crate::toxic::{Toxic, ToxicKind};
 
 /// Where a proxy listens when a request leaves `listen` empty: loopback, a free port (Toxiproxy
 /// would listen on every interface; we are safe by default).
@@ -311,10 +311,18 @@ impl Managed {
     }
 }
 
-/// A kernel-engine proxy's connections share one real link: a toxic there must describe the
-/// path and apply to every connection.
+/// A model proxy works on a byte stream: a profile toxic there may not ask for what only
+/// packets have (reorder, duplicate, corrupt) or for BBR, which the model's sender lacks; taken
+/// silently, the toxic would run without them. A kernel-engine proxy's connections share one
+/// real link: a toxic there must describe the path and apply to every connection.
 fn admits(engine: Engine, proxy: &str, toxic: &Toxic) -> Result<(), ApiError> {
     if engine != Engine::Kernel {
+        if let ToxicKind::Profile { profile } = &toxic.kind {
+            let origin = format!("toxic {} on proxy {proxy} (engine model)", toxic.name);
+            profile
+                .check_model_engine(&origin)
+                .map_err(|e| ApiError::bad_body(&e.to_string()))?;
+        }
         return Ok(());
     }
     if !toxic.kind.shapes_the_path() {

@@ -63,8 +63,8 @@ fn clients(type_name: &str, attributes: &Map<String, Value>) -> Result<Vec<Cidr>
 struct Attr {
     name: &'static str,
     range: Range,
-    /// Another attribute of the same toxic this one may not exceed (jitter ≤ latency,
-    /// size_variation ≤ average_size).
+    /// Another attribute of the same toxic this one may not exceed (size_variation ≤
+    /// average_size).
     at_most: Option<&'static str>,
 }
 
@@ -126,9 +126,8 @@ const TYPES: &[(&str, &[Attr])] = &[
         "latency",
         &[
             int("latency", 0, MAX_MODEL_MS, "ms"),
-            // A wider jitter would clip the delay at 0 (Toxiproxy's and ours): the mean would
-            // no longer be the latency asked for.
-            // Wider than the latency is Toxiproxy's too: the delay is clipped at zero.
+            // A jitter wider than the latency is accepted, as Toxiproxy accepts it: the delay
+            // is clipped at zero (so its mean is then above the latency asked for).
             int("jitter", 0, MAX_MODEL_MS, "ms"),
         ],
     ),

@@ -300,6 +300,25 @@ async fn every_out_of_bounds_attribute_is_refused_on_create_and_update() {
         );
         assert!(answer.contains(r#""status":400"#), "{raw}: {answer}");
     }
+    // A profile toxic asking what a byte-stream proxy cannot do (packet-only keys, BBR) is
+    // refused by name, not run without it.
+    for (toml, key) in [
+        (
+            "[upstream]\ndelay = \"5ms\"\nreorder = 0.01\n",
+            "upstream.reorder",
+        ),
+        (
+            "[downstream]\ncongestion_control = \"bbr\"\n",
+            "downstream.congestion_control",
+        ),
+    ] {
+        let body = json!({"type": "profile", "attributes": {"toml": toml}});
+        let (status, message) = call(a, Method::POST, "/proxies/b/toxics", body)
+            .await
+            .unwrap_err();
+        assert_eq!(status, 400, "{toml}: {message}");
+        assert!(message.contains(key), "{toml}: {message}");
+    }
     // Nothing bad was kept: only the one valid latency toxic.
     let toxics = request(a, Method::GET, "/proxies/b/toxics", None)
         .await
