@@ -253,18 +253,6 @@ impl Proxy {
     }
 }
 
-/// Runs a proxy with default options (seed 0, 4 MiB window) until `shutdown` completes.
-pub async fn run(
-    listener: TcpListener,
-    upstream: impl Into<String>,
-    profile: Profile,
-    shutdown: impl Future,
-) -> io::Result<()> {
-    Proxy::new(upstream, profile, ProxyOptions::default())
-        .run(listener, shutdown)
-        .await
-}
-
 /// Decrements the active-connection gauge however the connection ends.
 struct ActiveGuard<'a>(&'a AtomicU64);
 
