@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use faultrig::child::Announced;
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -104,9 +106,9 @@ fn serve(handler: fn(TcpStream)) -> SocketAddr {
     addr
 }
 
-/// A `faultrig proxy` child process, terminated on drop.
+/// A `faultrig proxy` child process, stopped on drop.
 struct ProxyProcess {
-    child: Child,
+    process: Announced,
     addr: SocketAddr,
 }
 
@@ -121,44 +123,17 @@ impl ProxyProcess {
 
     /// Runs `program args…`, a proxy that prints "… listening on ADDR …" as its first line.
     fn spawn(program: &Path, args: &[&str]) -> ProxyProcess {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start faultrig proxy");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected proxy output {line:?}"))
-            .parse()
-            .unwrap();
-        ProxyProcess { child, addr }
+        let mut command = Command::new(program);
+        command.args(args).env("RUST_LOG", "warn");
+        let process = Announced::spawn(command, Duration::from_secs(30)).expect("start the proxy");
+        let addr = process.addr.parse().expect("an address");
+        ProxyProcess { process, addr }
     }
 
+    /// Resident and peak resident set size, KiB.
     fn rss_kib(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let field = |name| self.process.status_kib(name).unwrap_or(0);
+        (field("VmRSS"), field("VmHWM"))
     }
 }
 

@@ -10,7 +10,8 @@
 //! spawned the child ends, so the runner spawns children from the thread that runs its main
 //! future, which lives as long as the process.
 
-use std::process::Child;
+use std::io::{self, BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -51,4 +52,92 @@ pub fn stop(child: &mut Child) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A child that said where it listens: the first line of its standard output ends in
+/// `listening on ADDR` (what `faultrig serve` and `faultrig proxy` print, and scripts read).
+/// Stopped and reaped on drop, as [`stop`] does.
+#[derive(Debug)]
+pub struct Announced {
+    pub child: Child,
+    pub addr: String,
+    /// The rest of its standard output, for callers that read what it says next; kept open so
+    /// the child never writes into a closed pipe.
+    pub stdout: Option<BufReader<ChildStdout>>,
+}
+
+/// Why a child did not announce an address.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnounceError {
+    #[error("start {program}: {source}")]
+    Start { program: String, source: io::Error },
+    #[error("{program} said nothing within {within:?}; stopped")]
+    Silent { program: String, within: Duration },
+    #[error("{program} did not start: its first line was {line:?}")]
+    NoAddress { program: String, line: String },
+}
+
+impl Announced {
+    /// Starts `command` with its standard output piped, and waits up to `within` for the
+    /// address line. A child that fails to announce is stopped before this returns.
+    pub fn spawn(mut command: Command, within: Duration) -> Result<Announced, AnnounceError> {
+        let program = command.get_program().to_string_lossy().into_owned();
+        let mut child =
+            command
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|source| AnnounceError::Start {
+                    program: program.clone(),
+                    source,
+                })?;
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        // Guarded before anything can fail: every early return below stops and reaps it.
+        let mut announced = Announced {
+            child,
+            addr: String::new(),
+            stdout: None,
+        };
+        // Read on a thread, so a child that hangs before its first line is noticed.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = stdout.read_line(&mut line);
+            let _ = tx.send((line, stdout));
+        });
+        let (line, stdout) = rx.recv_timeout(within).map_err(|_| AnnounceError::Silent {
+            program: program.clone(),
+            within,
+        })?;
+        let Some(addr) = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            return Err(AnnounceError::NoAddress { program, line });
+        };
+        announced.addr = addr.to_string();
+        announced.stdout = Some(stdout);
+        Ok(announced)
+    }
+
+    /// A `kB` field of the child's `/proc/PID/status` (`VmRSS`, `VmHWM`), in KiB.
+    pub fn status_kib(&self, field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find(|l| {
+                l.strip_prefix(field)
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
 }

@@ -197,6 +197,54 @@ fn out_of_fds(e: &io::Error) -> bool {
     )
 }
 
+/// A server running on its own task (a proxy, a flavour's server, the control API): where it
+/// listens, and its stop. Dropped, it stops at once; [`Served::stop`] also waits until it has
+/// closed every connection. Every in-process server a run, a test or a benchmark starts is held
+/// in one of these, so none outlives its owner.
+#[derive(Debug)]
+pub struct Served {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<io::Result<()>>>,
+}
+
+impl Served {
+    /// Spawns `serve(listener, shutdown)`, the shape of every server here (`Proxy::run`,
+    /// `flavour::serve`, `api::run`).
+    pub fn spawn<F, Fut>(listener: TcpListener, serve: F) -> io::Result<Served>
+    where
+        F: FnOnce(TcpListener, tokio_util::sync::WaitForCancellationFutureOwned) -> Fut,
+        Fut: Future<Output = io::Result<()>> + Send + 'static,
+    {
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, stop.clone().cancelled_owned()));
+        Ok(Served {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, closes every connection, and returns once they are closed, with the
+    /// server's own result.
+    pub async fn stop(mut self) -> io::Result<()> {
+        self.stop.cancel();
+        let task = self.task.take().expect("taken only here");
+        task.await.unwrap_or_else(|e| Err(io::Error::other(e)))
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
 /// Accepts connections until `shutdown` completes, running `handle(stream, peer, cancel)` for
 /// each as its own task; then cancels every connection's token and waits for their tasks. Every
 /// server in faultrig (proxies and RPC servers) accepts through here.

@@ -294,9 +294,8 @@ async fn measure(
         _ => proxy,
     };
     let listener = crate::net::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let addr = listener.local_addr()?;
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(proxy.run(listener, stop.clone().cancelled_owned()));
+    let served = crate::net::Served::spawn(listener, |l, stop| proxy.run(l, stop))?;
+    let addr = served.addr();
     let connections = if shares_a_bottleneck(profile) {
         1
     } else {
@@ -306,8 +305,7 @@ async fn measure(
         Workload::Bulk => bulk(addr, plan.bulk_time).await,
         _ => latencies(addr, workload, plan, connections).await,
     };
-    stop.cancel();
-    task.await??;
+    served.stop().await?;
     values
 }
 

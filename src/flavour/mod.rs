@@ -105,6 +105,16 @@ pub async fn serve(
     serve_with(flavour, listener, service, shutdown, true, None).await
 }
 
+/// [`serve`] on its own task, stopped when the handle is dropped: a flavour's server inside a
+/// test, a benchmark or a run.
+pub fn spawn(
+    flavour: &'static dyn Flavour,
+    listener: TcpListener,
+    service: Arc<RigService>,
+) -> io::Result<crate::net::Served> {
+    crate::net::Served::spawn(listener, |l, stop| serve(flavour, l, service, stop))
+}
+
 /// [`serve`], with `TCP_NODELAY` on every accepted connection or (`nodelay` false) Nagle's
 /// algorithm left on, as a server that never sets the option would have it, and at most
 /// `max_connections` at once (default: [`crate::net::connection_cap`]'s).

@@ -10,21 +10,21 @@
 //! its client sockets in the client namespace (A). Every byte of every call then crosses the
 //! impaired link between the endpoints' own TCP stacks.
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::sync::oneshot;
 
 use super::Probe;
+use crate::child::Announced;
 use crate::experiment::{Cell, DownstreamSpec, Experiment};
 use crate::flavour::{Flavour, SocketOptions};
 use crate::link::{Engine, NamespacePair, PAIR_ADDRS};
 use crate::local_redis::LocalRedis;
+use crate::net::Served;
 use crate::profile::{CongestionControl, Profile};
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
 use crate::service::Downstream;
@@ -242,9 +242,13 @@ struct Target {
 /// A `faultrig serve` child process; stopped and reaped on drop, and ending by itself if this
 /// process dies ([`crate::child`]).
 struct Server {
-    child: Child,
+    /// Stopped and reaped on drop.
+    process: Announced,
     addr: String,
 }
+
+/// How long a server may take to say where it listens.
+const SERVER_START: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Server {
     /// Starts a server on a loopback port, or (`listener`) serving a socket made elsewhere.
@@ -277,30 +281,17 @@ impl Server {
                 command.args(["--listen", "127.0.0.1:0"]);
             }
         }
-        let child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
+        command.stderr(Stdio::inherit());
+        let process = Announced::spawn(command, SERVER_START)
             .with_context(|| format!("start the {} server", flavour.name()))?;
-        // Guarded before anything can fail: every early return below stops and reaps it.
-        let mut server = Server {
-            child,
-            addr: String::new(),
-        };
-        let mut line = String::new();
-        BufReader::new(server.child.stdout.take().expect("piped"))
-            .read_line(&mut line)
-            .context("read the server's address")?;
-        let Some(addr) = line.split("listening on ").nth(1) else {
-            bail!("the {} server did not start: {line:?}", flavour.name());
-        };
-        server.addr = addr.trim().to_string();
-        Ok(server)
+        let addr = process.addr.clone();
+        Ok(Server { process, addr })
     }
 
     /// CPU time (user + system) so far, in milliseconds.
     fn cpu_ms(&self) -> Option<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.process.child.id())).ok()?;
         // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
         let rest = &stat[stat.rfind(')')? + 2..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -314,25 +305,12 @@ impl Server {
 
     /// Resets the peak-RSS mark, so the next read covers one cell.
     fn reset_peak_rss(&self) {
-        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.process.child.id()), "5");
     }
 
     /// Peak resident set size since the last reset, in KiB.
     fn peak_rss_kb(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        crate::child::stop(&mut self.child);
+        self.process.status_kib("VmHWM")
     }
 }
 
@@ -340,7 +318,7 @@ impl Drop for Server {
 struct RunningProxy {
     addr: String,
     stats: Arc<ProxyStats>,
-    _stop: oneshot::Sender<()>,
+    _served: Served,
 }
 
 async fn start_proxy(
@@ -350,7 +328,6 @@ async fn start_proxy(
     engine: Engine,
 ) -> anyhow::Result<RunningProxy> {
     let listener = crate::net::bind("127.0.0.1:0".parse().expect("valid"))?;
-    let addr = listener.local_addr()?.to_string();
     let options = ProxyOptions {
         // Keyed by profile only: every flavour meets the same fault streams.
         name: profile.name.clone(),
@@ -363,14 +340,11 @@ async fn start_proxy(
         _ => proxy,
     };
     let stats = proxy.stats();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(proxy.run(listener, async move {
-        let _ = stopped.await;
-    }));
+    let served = Served::spawn(listener, |l, stop| proxy.run(l, stop))?;
     Ok(RunningProxy {
-        addr,
+        addr: served.addr().to_string(),
         stats,
-        _stop: stop,
+        _served: served,
     })
 }
 

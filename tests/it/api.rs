@@ -12,7 +12,6 @@ use faultrig::api::{Registry, RegistryOptions};
 use http::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 use crate::util::*;
 
@@ -162,7 +161,7 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
 /// An API in this process on a free port; stopped on drop.
 pub struct TestApi {
     pub addr: String,
-    _stop: oneshot::Sender<()>,
+    _served: Served,
 }
 
 pub async fn start_api() -> TestApi {
@@ -171,13 +170,9 @@ pub async fn start_api() -> TestApi {
         seed: 5,
         ..RegistryOptions::default()
     }));
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(faultrig::api::run(l, registry, async move {
-        let _ = stopped.await;
-    }));
     TestApi {
         addr: addr.to_string(),
-        _stop: stop,
+        _served: Served::spawn(l, |l, stop| faultrig::api::run(l, registry, stop)).unwrap(),
     }
 }
 

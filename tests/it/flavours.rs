@@ -10,28 +10,13 @@ use faultrig::flavour::{self, Flavour};
 use faultrig::service::RigService;
 use faultrig::workload::Workload;
 use tokio::io::AsyncReadExt;
-use tokio::sync::oneshot;
 
 use crate::util::*;
 
 /// A server of `flavour` in this process, stopped on drop.
-struct Server {
-    addr: SocketAddr,
-    _stop: oneshot::Sender<()>,
-}
-
-async fn server(flavour: &'static dyn Flavour) -> Server {
-    let (l, addr) = listener().await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(flavour::serve(
-        flavour,
-        l,
-        Arc::new(RigService::default()),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    Server { addr, _stop: stop }
+async fn server(flavour: &'static dyn Flavour) -> Served {
+    let (l, _) = listener().await;
+    flavour::spawn(flavour, l, Arc::new(RigService::default())).unwrap()
 }
 
 pub fn spec(
@@ -60,7 +45,7 @@ pub fn spec(
 async fn every_flavour_mode_and_workload() {
     for &flavour in flavour::ALL {
         let s = server(flavour).await;
-        every_mode_and_workload(flavour, s.addr).await;
+        every_mode_and_workload(flavour, s.addr()).await;
     }
 }
 
@@ -105,14 +90,14 @@ pub async fn every_mode_and_workload(flavour: &'static dyn Flavour, target: Sock
 async fn large_blobs_and_open_loop() {
     for &flavour in flavour::ALL {
         let s = server(flavour).await;
-        let mut big = spec(flavour, s.addr, Mode::Single, Workload::Blob(16 << 20));
+        let mut big = spec(flavour, s.addr(), Mode::Single, Workload::Blob(16 << 20));
         big.stop = Stop::Calls(2);
         big.concurrency = 1;
         let out = bench::run(&big).await;
         assert_eq!(out.ok, 2, "{}: {}", flavour.name(), out.summary(&big));
 
         // Open loop: 40 calls at 400/s take about 0.1 s whatever the latency.
-        let mut open = spec(flavour, s.addr, Mode::PerWorker, Workload::Order);
+        let mut open = spec(flavour, s.addr(), Mode::PerWorker, Workload::Order);
         open.stop = Stop::Calls(40);
         open.rate = Some(400.0);
         let out = bench::run(&open).await;
@@ -129,7 +114,7 @@ async fn large_blobs_and_open_loop() {
 /// per call costs about one more RTT (20 ms) at the median.
 async fn lossy(flavour: &'static dyn Flavour) {
     let s = server(flavour).await;
-    let proxy = TestProxy::start(s.addr, "lossy-10ms-1pct").await;
+    let proxy = TestProxy::start(s.addr(), "lossy-10ms-1pct").await;
     // Low quantiles, not medians: while other tests load the two cores a kept connection's
     // median rose from 20.4 to 24.0 ms and its p90 to 39 ms (the wait for a core, not the model),
     // but every quantile is bounded below by the round trips the model adds, and the 10th

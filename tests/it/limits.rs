@@ -13,7 +13,6 @@ use faultrig::service::RigService;
 use faultrig::workload::Workload;
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 use crate::util::*;
 
@@ -200,17 +199,15 @@ async fn slowloris(addr: SocketAddr) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_clients_are_cut_off_while_others_are_served() {
     let (l, server) = listener().await;
-    let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(flavour::serve(
+    let _server = flavour::spawn(
         &flavour::http1_json::Http1Json,
         l,
         Arc::new(RigService::default()),
-        stopped,
-    ));
+    )
+    .unwrap();
     let (l, api) = listener().await;
-    let (_stop_api, stopped) = oneshot::channel::<()>();
     let registry = Arc::new(faultrig::api::Registry::new(Default::default()));
-    tokio::spawn(faultrig::api::run(l, registry, stopped));
+    let _api = Served::spawn(l, |l, stop| faultrig::api::run(l, registry, stop)).unwrap();
 
     let normal = async {
         let spec = crate::flavours::spec(

@@ -9,7 +9,6 @@ use std::time::Duration;
 use faultrig::flavour::{self, Failure, Flavour, WireCounters};
 use faultrig::rig::{pb, Call, Reply};
 use faultrig::workload::{Generator, Workload};
-use tokio::sync::oneshot;
 
 use crate::flavours::every_mode_and_workload;
 use crate::util::*;
@@ -40,13 +39,7 @@ async fn a_python_thrift_client_calls_our_server() {
     let generated = tempdir();
     generate_python(generated.path());
     let (l, addr) = listener().await;
-    let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(flavour::serve(
-        &flavour::thrift::Thrift,
-        l,
-        Default::default(),
-        stopped,
-    ));
+    let _server = flavour::spawn(&flavour::thrift::Thrift, l, Default::default()).unwrap();
     let out = tokio::process::Command::new(venv_python())
         .arg(SCRIPT)
         .arg("client")

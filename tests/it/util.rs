@@ -6,7 +6,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
+use faultrig::child::Announced;
 use faultrig::link::Engine;
+pub use faultrig::net::Served;
 use faultrig::profile::Profile;
 use faultrig::proxy::{Proxy, ProxyOptions, ProxyStats};
 use rand::{Rng, RngCore, SeedableRng};
@@ -14,15 +16,13 @@ use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A proxy running in this process; shut down (and awaited) on drop of its handle.
+/// A proxy running in this process; stopped on drop of its handle.
 pub struct TestProxy {
     pub addr: SocketAddr,
     pub stats: Arc<ProxyStats>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+    served: Served,
 }
 
 impl TestProxy {
@@ -51,37 +51,23 @@ impl TestProxy {
     ) -> TestProxy {
         let profile = Profile::load(profile).expect("profile");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let proxy = Proxy::new(upstream.to_string(), profile, options);
         let proxy = match engine {
             Engine::Kernel => proxy.with_kernel_engine().await.expect("kernel engine"),
             _ => proxy,
         };
         let stats = proxy.stats();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(proxy.run(listener, async move {
-            let _ = stopped.await;
-        }));
+        let served = Served::spawn(listener, |l, stop| proxy.run(l, stop)).unwrap();
         TestProxy {
-            addr,
+            addr: served.addr(),
             stats,
-            stop: Some(stop),
-            task: Some(task),
+            served,
         }
     }
 
     /// Stops accepting, closes every connection and waits for the proxy to return.
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
-    }
-}
-
-impl Drop for TestProxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub async fn stop(self) {
+        self.served.stop().await.unwrap();
     }
 }
 
@@ -225,13 +211,21 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
-/// A child process that announced `listening on ADDR`; killed on drop.
-pub struct Listening {
-    pub child: std::process::Child,
-    pub addr: String,
-    /// The rest of its standard output, for tests that read what it says next. Kept open so the
-    /// child never writes into a closed pipe.
-    pub stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+/// A child process that announced `listening on ADDR`; stopped on drop.
+pub struct Listening(Announced);
+
+impl std::ops::Deref for Listening {
+    type Target = Announced;
+
+    fn deref(&self) -> &Announced {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Listening {
+    fn deref_mut(&mut self) -> &mut Announced {
+        &mut self.0
+    }
 }
 
 impl Listening {
@@ -248,41 +242,13 @@ impl Listening {
     }
 
     /// [`Listening::spawn`], its standard error going to `stderr`. A child that says nothing
-    /// within [`STARTUP_DEADLINE`] is killed, and the test panics.
+    /// within [`STARTUP_DEADLINE`] is stopped, and the test panics.
     pub fn spawn_logging(mut command: Command, stderr: std::process::Stdio) -> Listening {
-        use std::io::BufRead;
-        let mut child = command
-            .stdout(std::process::Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        // Read on a thread, so a child that hangs before its first line is noticed.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = stdout.read_line(&mut line);
-            let _ = tx.send((line, stdout));
-        });
-        let (line, stdout) = match rx.recv_timeout(STARTUP_DEADLINE) {
-            Ok(read) => read,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{command:?} announced no address within {STARTUP_DEADLINE:?}; killed");
-            }
-        };
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        Listening {
-            child,
-            addr,
-            stdout: Some(stdout),
-        }
+        command.stderr(stderr);
+        let what = format!("{command:?}");
+        Listening(
+            Announced::spawn(command, STARTUP_DEADLINE).unwrap_or_else(|e| panic!("{what}: {e}")),
+        )
     }
 }
 
@@ -294,13 +260,6 @@ pub fn venv_python() -> &'static str {
         "{python} is missing: run scripts/test.sh, which installs the PyPI packages into it"
     );
     python
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A finished `faultrig run` of an experiment file written into a scratch directory.
