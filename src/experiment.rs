@@ -13,7 +13,7 @@ use crate::flavour::{self, Flavour, WritePattern};
 use crate::link::Engine;
 use crate::profile::Profile;
 use crate::report::RoundSummary;
-use crate::service::Downstream;
+use crate::service::Backend;
 use crate::units::parse_duration;
 use crate::workload::Workload;
 
@@ -81,50 +81,50 @@ pub struct RemoteFile {
 
 /// What a cell's server does after each `Deduct`.
 #[derive(Clone, Debug, PartialEq)]
-pub enum DownstreamSpec {
-    /// Passed to `faultrig serve --downstream` as it is.
-    Given(Downstream),
+pub enum BackendSpec {
+    /// Passed to `faultrig serve --backend` as it is.
+    Given(Backend),
     /// A private redis-server the runner starts for the run (`deduct@redis`).
     LocalRedis,
 }
 
 /// A workload as an experiment names it. `deduct@sleep:2ms`, `deduct@redis` or
-/// `deduct@redis://HOST:PORT` add a downstream call to every deduct: that changes the server,
-/// not the call, so the runner gives each distinct downstream its own servers.
+/// `deduct@redis://HOST:PORT` add a backend call to every deduct: that changes the server,
+/// not the call, so the runner gives each distinct backend its own servers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellWorkload {
     pub workload: Workload,
-    pub downstream: DownstreamSpec,
+    pub backend: BackendSpec,
     /// The name in the CSV's `workload` column and the report, e.g. `deduct@sleep:2ms`.
     pub label: String,
 }
 
 impl CellWorkload {
     pub fn parse(s: &str) -> Result<CellWorkload, String> {
-        let (workload, downstream) = match s.split_once('@') {
-            None => (Workload::parse(s)?, DownstreamSpec::Given(Downstream::None)),
+        let (workload, backend) = match s.split_once('@') {
+            None => (Workload::parse(s)?, BackendSpec::Given(Backend::None)),
             Some((w, d)) => {
                 let workload = Workload::parse(w)?;
                 if workload != Workload::Deduct {
                     return Err(format!(
-                        "\"{s}\": only deduct calls a downstream (deduct@sleep:DUR, deduct@redis)"
+                        "\"{s}\": only deduct calls a backend (deduct@sleep:DUR, deduct@redis)"
                     ));
                 }
-                let downstream = match d {
-                    "redis" => DownstreamSpec::LocalRedis,
-                    d => DownstreamSpec::Given(Downstream::parse(d)?),
+                let backend = match d {
+                    "redis" => BackendSpec::LocalRedis,
+                    d => BackendSpec::Given(Backend::parse(d)?),
                 };
-                (workload, downstream)
+                (workload, backend)
             }
         };
-        let label = match &downstream {
-            DownstreamSpec::Given(Downstream::None) => workload.to_string(),
-            DownstreamSpec::Given(d) => format!("{workload}@{d}"),
-            DownstreamSpec::LocalRedis => format!("{workload}@redis"),
+        let label = match &backend {
+            BackendSpec::Given(Backend::None) => workload.to_string(),
+            BackendSpec::Given(d) => format!("{workload}@{d}"),
+            BackendSpec::LocalRedis => format!("{workload}@redis"),
         };
         Ok(CellWorkload {
             workload,
-            downstream,
+            backend,
             label,
         })
     }
@@ -514,13 +514,13 @@ fn remote(
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(w) = workloads
         .iter()
-        .find(|w| w.downstream != DownstreamSpec::Given(Downstream::None))
+        .find(|w| w.backend != BackendSpec::Given(Backend::None))
     {
         return Err(blame(
             "workloads",
             format!(
                 "{} needs a server the runner starts; with [remote], start `faultrig serve \
-                 --downstream ...` on the server host and use plain deduct",
+                 --backend ...` on the server host and use plain deduct",
                 w.label
             ),
         ));
@@ -582,12 +582,12 @@ impl Experiment {
             .expect("cells only hold listed flavours")
     }
 
-    /// The distinct downstreams the cells need, in first-seen order; each gets its own servers.
-    pub fn downstreams(&self) -> Vec<DownstreamSpec> {
-        let mut list: Vec<DownstreamSpec> = Vec::new();
+    /// The distinct backends the cells need, in first-seen order; each gets its own servers.
+    pub fn backends(&self) -> Vec<BackendSpec> {
+        let mut list: Vec<BackendSpec> = Vec::new();
         for w in &self.workloads {
-            if !list.contains(&w.downstream) {
-                list.push(w.downstream.clone());
+            if !list.contains(&w.backend) {
+                list.push(w.backend.clone());
             }
         }
         list
@@ -733,8 +733,8 @@ mod tests {
                 5 * 4 * 2,
             ),
             (
-                "downstream",
-                include_str!("../scripts/downstream.toml"),
+                "backend",
+                include_str!("../scripts/backend.toml"),
                 2 * 5 * 4,
             ),
             (
@@ -755,12 +755,9 @@ mod tests {
     }
 
     #[test]
-    fn a_downstream_belongs_to_deduct_and_gets_its_own_servers() {
+    fn a_backend_belongs_to_deduct_and_gets_its_own_servers() {
         let w = |s: &str| CellWorkload::parse(s);
-        assert_eq!(
-            w("deduct@redis").unwrap().downstream,
-            DownstreamSpec::LocalRedis
-        );
+        assert_eq!(w("deduct@redis").unwrap().backend, BackendSpec::LocalRedis);
         assert_eq!(w("deduct@sleep:2ms").unwrap().label, "deduct@sleep:2ms");
         assert_eq!(w("blob:1KiB").unwrap().label, "blob:1KiB");
         assert!(w("wide@redis").unwrap_err().contains("only deduct"));
@@ -771,10 +768,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            e.downstreams(),
+            e.backends(),
             [
-                DownstreamSpec::Given(Downstream::None),
-                DownstreamSpec::Given(Downstream::Sleep(Duration::from_millis(1)))
+                BackendSpec::Given(Backend::None),
+                BackendSpec::Given(Backend::Sleep(Duration::from_millis(1)))
             ]
         );
     }

@@ -263,7 +263,7 @@ mod tests {
         "lan-compare",
         "concurrency-sweep",
         "payload-sweep",
-        "downstream",
+        "backend",
         "nagle",
     ];
 

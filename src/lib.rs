@@ -14,7 +14,7 @@
 //!   private network namespaces), for `faultrig shell` and the proxy's kernel engine.
 //! - [`api`]: the control API (Toxiproxy's REST API and Prometheus metrics) over named proxies.
 //! - [`rig`]: the operations of `proto/rig.proto` as [`rig::Call`] / [`rig::Reply`];
-//!   [`service`] answers them, once, for every flavour's server, with an optional downstream
+//!   [`service`] answers them, once, for every flavour's server, with an optional backend
 //!   (a wait or a real Redis; [`local_redis`] starts a private one for experiments and tests).
 //! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
 //! - [`workload`]: what each call carries, and how a reply is checked.

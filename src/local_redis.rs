@@ -1,5 +1,5 @@
 //! A private `redis-server` on a free loopback port: what an experiment's `deduct@redis` cells
-//! and the tests call as their downstream. It binds 127.0.0.1 only, saves nothing to disk, and
+//! and the tests call as their backend. It binds 127.0.0.1 only, saves nothing to disk, and
 //! is stopped and reaped on drop.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -65,7 +65,7 @@ impl LocalRedis {
         Err(format!("redis-server did not start: {last_error}"))
     }
 
-    /// `redis://127.0.0.1:PORT`, for `--downstream`.
+    /// `redis://127.0.0.1:PORT`, for `--backend`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }

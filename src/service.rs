@@ -1,5 +1,5 @@
 //! What every flavour's server does with a call, written once: echo the three echo operations,
-//! and keep real per-SKU stock for `Deduct`, optionally followed by a downstream call (a fixed
+//! and keep real per-SKU stock for `Deduct`, optionally followed by a backend call (a fixed
 //! wait, or a real Redis `DECRBY`) standing in for the database a real handler would update.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ pub const MAX_SKU_BYTES: usize = 128;
 /// What `Deduct` does after updating the stock, as given on the command line or in an
 /// experiment (`none`, `sleep:DUR`, `redis://HOST:PORT`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub enum Downstream {
+pub enum Backend {
     #[default]
     None,
     /// A fixed wait.
@@ -31,32 +31,32 @@ pub enum Downstream {
     Redis(String),
 }
 
-impl Downstream {
+impl Backend {
     /// Parses `none`, `sleep:DUR` or `redis://HOST:PORT`.
-    pub fn parse(s: &str) -> Result<Downstream, String> {
+    pub fn parse(s: &str) -> Result<Backend, String> {
         if s == "none" {
-            return Ok(Downstream::None);
+            return Ok(Backend::None);
         }
         if let Some(d) = s.strip_prefix("sleep:") {
-            return crate::units::parse_duration(d).map(Downstream::Sleep);
+            return crate::units::parse_duration(d).map(Backend::Sleep);
         }
         if s.starts_with("redis://") {
             // Checked here so a typo is bad input, not a failure after the server started.
             redis::Client::open(s).map_err(|e| format!("bad Redis URL \"{s}\": {e}"))?;
-            return Ok(Downstream::Redis(s.to_string()));
+            return Ok(Backend::Redis(s.to_string()));
         }
         Err(format!(
-            "unknown downstream \"{s}\" (use none, sleep:DUR such as sleep:2ms, or redis://HOST:PORT)"
+            "unknown backend \"{s}\" (use none, sleep:DUR such as sleep:2ms, or redis://HOST:PORT)"
         ))
     }
 
-    /// Opens what the downstream needs (a Redis connection), so a server whose downstream is
+    /// Opens what the backend needs (a Redis connection), so a server whose backend is
     /// unreachable fails at start, naming the address, rather than failing every call.
-    pub async fn connect(&self) -> Result<DownstreamClient, String> {
+    pub async fn connect(&self) -> Result<BackendClient, String> {
         Ok(match self {
-            Downstream::None => DownstreamClient::None,
-            Downstream::Sleep(d) => DownstreamClient::Sleep(*d),
-            Downstream::Redis(url) => {
+            Backend::None => BackendClient::None,
+            Backend::Sleep(d) => BackendClient::Sleep(*d),
+            Backend::Redis(url) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| format!("bad Redis URL \"{url}\": {e}"))?;
                 let connect = client.get_multiplexed_async_connection();
@@ -64,25 +64,25 @@ impl Downstream {
                     .await
                     .map_err(|_| format!("Redis at {url}: no answer within 5 s"))?
                     .map_err(|e| format!("Redis at {url}: {e}"))?;
-                DownstreamClient::Redis(conn)
+                BackendClient::Redis(conn)
             }
         })
     }
 }
 
-impl std::fmt::Display for Downstream {
+impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Downstream::None => write!(f, "none"),
-            Downstream::Sleep(d) => write!(f, "sleep:{}", crate::units::format_duration(*d)),
-            Downstream::Redis(url) => write!(f, "{url}"),
+            Backend::None => write!(f, "none"),
+            Backend::Sleep(d) => write!(f, "sleep:{}", crate::units::format_duration(*d)),
+            Backend::Redis(url) => write!(f, "{url}"),
         }
     }
 }
 
-/// A connected downstream, shared by every connection of a server.
+/// A connected backend, shared by every connection of a server.
 #[derive(Clone, Default)]
-pub enum DownstreamClient {
+pub enum BackendClient {
     #[default]
     None,
     Sleep(Duration),
@@ -91,12 +91,12 @@ pub enum DownstreamClient {
     Redis(redis::aio::MultiplexedConnection),
 }
 
-impl std::fmt::Debug for DownstreamClient {
+impl std::fmt::Debug for BackendClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DownstreamClient::None => write!(f, "None"),
-            DownstreamClient::Sleep(d) => write!(f, "Sleep({d:?})"),
-            DownstreamClient::Redis(_) => write!(f, "Redis"),
+            BackendClient::None => write!(f, "None"),
+            BackendClient::Sleep(d) => write!(f, "Sleep({d:?})"),
+            BackendClient::Redis(_) => write!(f, "Redis"),
         }
     }
 }
@@ -106,17 +106,17 @@ pub fn redis_stock_key(sku: &str) -> String {
     format!("faultrig:stock:{sku}")
 }
 
-impl DownstreamClient {
+impl BackendClient {
     async fn deducted(&self, sku: &str, quantity: i64) -> Result<(), ServiceError> {
         match self {
-            DownstreamClient::None => Ok(()),
-            DownstreamClient::Sleep(d) => {
+            BackendClient::None => Ok(()),
+            BackendClient::Sleep(d) => {
                 // The precise timer: tokio's rounds up to the next millisecond and adds a
                 // wake-up, which made sleep:2ms cost 3.5 ms a call.
                 crate::timer::sleep_until(std::time::Instant::now() + *d).await;
                 Ok(())
             }
-            DownstreamClient::Redis(conn) => {
+            BackendClient::Redis(conn) => {
                 let mut conn = conn.clone();
                 redis::cmd("DECRBY")
                     .arg(redis_stock_key(sku))
@@ -124,7 +124,7 @@ impl DownstreamClient {
                     .query_async::<i64>(&mut conn)
                     .await
                     .map(drop)
-                    .map_err(|e| ServiceError(format!("downstream Redis DECRBY failed: {e}")))
+                    .map_err(|e| ServiceError(format!("backend Redis DECRBY failed: {e}")))
             }
         }
     }
@@ -142,21 +142,21 @@ pub struct RigService {
     stock: Mutex<HashMap<String, i64>>,
     initial_stock: i64,
     /// Called after every successful stock update.
-    downstream: DownstreamClient,
+    backend: BackendClient,
 }
 
 impl Default for RigService {
     fn default() -> Self {
-        RigService::new(DEFAULT_STOCK, DownstreamClient::None)
+        RigService::new(DEFAULT_STOCK, BackendClient::None)
     }
 }
 
 impl RigService {
-    pub fn new(initial_stock: i64, downstream: DownstreamClient) -> RigService {
+    pub fn new(initial_stock: i64, backend: BackendClient) -> RigService {
         RigService {
             stock: Mutex::new(HashMap::new()),
             initial_stock,
-            downstream,
+            backend,
         }
     }
 
@@ -168,7 +168,7 @@ impl RigService {
             Call::Deduct(req) => {
                 let reply = self.deduct(&req)?;
                 if reply.ok {
-                    self.downstream
+                    self.backend
                         .deducted(&req.sku, i64::from(req.quantity))
                         .await?;
                 }
@@ -223,7 +223,7 @@ mod tests {
 
     #[tokio::test]
     async fn stock_runs_out_and_stays_consistent_under_concurrency() {
-        let service = std::sync::Arc::new(RigService::new(1000, DownstreamClient::None));
+        let service = std::sync::Arc::new(RigService::new(1000, BackendClient::None));
         let tasks: Vec<_> = (0..8)
             .map(|_| {
                 let s = service.clone();
@@ -280,17 +280,17 @@ mod tests {
     }
 
     #[test]
-    fn downstream_parses() {
-        assert_eq!(Downstream::parse("none"), Ok(Downstream::None));
+    fn backend_parses() {
+        assert_eq!(Backend::parse("none"), Ok(Backend::None));
         assert_eq!(
-            Downstream::parse("sleep:2ms"),
-            Ok(Downstream::Sleep(Duration::from_millis(2)))
+            Backend::parse("sleep:2ms"),
+            Ok(Backend::Sleep(Duration::from_millis(2)))
         );
         assert_eq!(
-            Downstream::parse("redis://127.0.0.1:6380"),
-            Ok(Downstream::Redis("redis://127.0.0.1:6380".into()))
+            Backend::parse("redis://127.0.0.1:6380"),
+            Ok(Backend::Redis("redis://127.0.0.1:6380".into()))
         );
-        assert!(Downstream::parse("redis").is_err());
-        assert!(Downstream::parse("redis://").is_err());
+        assert!(Backend::parse("redis").is_err());
+        assert!(Backend::parse("redis://").is_err());
     }
 }

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::api::registry::DEFAULT_LISTEN;
 use crate::flavour::{self, Flavour};
-use crate::service::{Downstream, RigService};
+use crate::service::{Backend, RigService};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -33,8 +33,8 @@ pub struct ServeArgs {
     pub stock: i64,
     /// What Deduct does after the stock update: none, sleep:DUR, or redis://HOST:PORT (a Redis
     /// DECRBY per call).
-    #[arg(long, value_parser = Downstream::parse, default_value = "none")]
-    pub downstream: Downstream,
+    #[arg(long, alias = "downstream", value_parser = Backend::parse, default_value = "none")]
+    pub backend: Backend,
     /// Most connections at once; more are accepted and reset. Default 65536, lowered to what
     /// the file-descriptor limit leaves room for; a value given here is used as is.
     #[arg(long, value_parser = parse_max_connections)]
@@ -56,7 +56,7 @@ pub struct Serve {
     listener: Listener,
     nodelay: bool,
     stock: i64,
-    downstream: Downstream,
+    backend: Backend,
     max_connections: Option<usize>,
     parent: Option<u32>,
 }
@@ -71,7 +71,7 @@ impl ServeArgs {
             },
             nodelay: self.nodelay,
             stock: self.stock,
-            downstream: self.downstream,
+            backend: self.backend,
             max_connections: self.max_connections,
             parent: self.parent,
         })
@@ -85,18 +85,18 @@ pub fn run(s: Serve) -> Result<(), CliError> {
     let rt = runtime()?;
     rt.block_on(async move {
         // Before listening: a runner waiting for the address must never see a server that
-        // cannot reach its downstream.
-        let downstream = s
-            .downstream
+        // cannot reach its backend.
+        let backend = s
+            .backend
             .connect()
             .await
-            .map_err(|e| CliError::Usage(format!("--downstream: {e}")))?;
+            .map_err(|e| CliError::Usage(format!("--backend: {e}")))?;
         let announce = |local| format!("faultrig serve {} listening on {local}", s.flavour.name());
         let listener = match s.listener {
             Listener::Stdin => listener_from_stdin(announce)?,
             Listener::Bind(addr) => listen(addr, announce)?,
         };
-        let service = std::sync::Arc::new(RigService::new(s.stock, downstream));
+        let service = std::sync::Arc::new(RigService::new(s.stock, backend));
         flavour::serve_with(
             s.flavour,
             listener,

@@ -126,7 +126,7 @@ pub async fn serve_with(
     nodelay: bool,
     max_connections: Option<usize>,
 ) -> io::Result<()> {
-    // One descriptor per connection; a downstream's are in the margin.
+    // One descriptor per connection; a backend's are in the margin.
     let cap = crate::net::connection_cap(max_connections, 1);
     crate::net::accept_until(
         listener,

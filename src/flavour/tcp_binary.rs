@@ -399,7 +399,7 @@ mod tests {
                         let reply = futures_util::FutureExt::now_or_never(
                             answer(&service, id, method, &body),
                         )
-                        .expect("no downstream: never waits");
+                        .expect("no backend: never waits");
                         prop_assert!(reply.len() >= HEADER);
                         // The client's side of the same bytes.
                         if let Some(op) = Operation::from_code(method & !ERROR_FLAG) {

@@ -1,4 +1,4 @@
-//! A local run's targets: one `faultrig serve` child process per flavour, downstream and
+//! A local run's targets: one `faultrig serve` child process per flavour, backend and
 //! `nodelay` value (so its CPU time and peak RSS can be read from /proc), and one in-process
 //! fault proxy per profile in front of each server (named after the profile, so every flavour
 //! meets the same fault streams).
@@ -6,7 +6,7 @@
 //! With `--engine link` there is no proxy: each profile gets a namespace pair joined by the
 //! link engine, each server a listening socket made in the pair's server namespace (B) and
 //! handed over as its standard input (a socket's namespace is fixed when it is made, so the
-//! server process itself stays on the host, with its downstream), and the load driver makes
+//! server process itself stays on the host, with its backend), and the load driver makes
 //! its client sockets in the client namespace (A). Every byte of every call then crosses the
 //! impaired link between the endpoints' own TCP stacks.
 
@@ -20,20 +20,20 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Probe;
 use crate::child::Announced;
-use crate::experiment::{Cell, DownstreamSpec, Experiment};
+use crate::experiment::{BackendSpec, Cell, Experiment};
 use crate::flavour::{Flavour, SocketOptions};
 use crate::link::{Engine, NamespacePair, PAIR_ADDRS};
 use crate::local_redis::LocalRedis;
 use crate::net::Served;
 use crate::profile::{CongestionControl, Profile};
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
-use crate::service::Downstream;
+use crate::service::Backend;
 
 /// Every server and proxy of a local run; all stopped on drop.
 pub struct LocalTargets {
-    /// The distinct downstreams, in the order of `targets`' first index.
-    downstreams: Vec<DownstreamSpec>,
-    /// `targets[downstream][flavour][nodelay]` (`nodelay` in the experiment's order): a server
+    /// The distinct backends, in the order of `targets`' first index.
+    backends: Vec<BackendSpec>,
+    /// `targets[backend][flavour][nodelay]` (`nodelay` in the experiment's order): a server
     /// and one proxy per profile in front of it, or with the link engine one server per profile.
     targets: Vec<Vec<Vec<Target>>>,
     /// The link engine's namespace pairs, one per profile; empty with the other engines.
@@ -46,9 +46,9 @@ pub struct LocalTargets {
 
 impl LocalTargets {
     pub async fn start(exp: &Experiment, bin: &Path) -> anyhow::Result<LocalTargets> {
-        let downstreams = exp.downstreams();
+        let backends = exp.backends();
         // Started before any server, so a missing redis-server fails the run before any traffic.
-        let redis = if downstreams.contains(&DownstreamSpec::LocalRedis) {
+        let redis = if backends.contains(&BackendSpec::LocalRedis) {
             let redis = LocalRedis::start(Some(bin));
             Some(redis.map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
         } else {
@@ -66,11 +66,11 @@ impl LocalTargets {
             }
         }
         let mut targets = Vec::new();
-        for spec in &downstreams {
-            let downstream = match spec {
-                DownstreamSpec::Given(d) => d.clone(),
-                DownstreamSpec::LocalRedis => {
-                    Downstream::Redis(redis.as_ref().expect("started above").url())
+        for spec in &backends {
+            let backend = match spec {
+                BackendSpec::Given(d) => d.clone(),
+                BackendSpec::LocalRedis => {
+                    Backend::Redis(redis.as_ref().expect("started above").url())
                 }
             };
             let mut per_flavour = Vec::new();
@@ -84,7 +84,7 @@ impl LocalTargets {
                             servers.push(Server::start(
                                 bin,
                                 flavour,
-                                &downstream,
+                                &backend,
                                 nodelay,
                                 Some(listener),
                             )?);
@@ -94,7 +94,7 @@ impl LocalTargets {
                             proxies: Vec::new(),
                         }
                     } else {
-                        let server = Server::start(bin, flavour, &downstream, nodelay, None)?;
+                        let server = Server::start(bin, flavour, &backend, nodelay, None)?;
                         let mut proxies = Vec::new();
                         for profile in &exp.profiles {
                             proxies.push(
@@ -113,7 +113,7 @@ impl LocalTargets {
             targets.push(per_flavour);
         }
         Ok(LocalTargets {
-            downstreams,
+            backends,
             targets,
             links,
             _redis: redis,
@@ -124,9 +124,9 @@ impl LocalTargets {
     fn target(&self, exp: &Experiment, cell: &Cell) -> (&Server, Option<&RunningProxy>) {
         let f = exp.flavour_index(cell.flavour);
         let d = self
-            .downstreams
+            .backends
             .iter()
-            .position(|x| *x == cell.workload.downstream)
+            .position(|x| *x == cell.workload.backend)
             .expect("listed");
         let n = exp
             .nodelay
@@ -255,7 +255,7 @@ impl Server {
     fn start(
         bin: &Path,
         flavour: &dyn Flavour,
-        downstream: &Downstream,
+        backend: &Backend,
         nodelay: bool,
         listener: Option<std::net::TcpListener>,
     ) -> anyhow::Result<Server> {
@@ -264,8 +264,8 @@ impl Server {
             "serve",
             "--flavour",
             flavour.name(),
-            "--downstream",
-            &downstream.to_string(),
+            "--backend",
+            &backend.to_string(),
             "--nodelay",
             if nodelay { "true" } else { "false" },
             crate::child::PARENT_FLAG,
@@ -376,7 +376,7 @@ mod tests {
             let e = Server::start(
                 &fake,
                 &crate::flavour::tcp_binary::TcpBinary,
-                &Downstream::None,
+                &Backend::None,
                 true,
                 None,
             );

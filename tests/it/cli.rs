@@ -375,14 +375,8 @@ fn bad_bench_and_serve_flags_name_the_flag_and_exit_2() {
             "--csv",
         ),
         (
-            vec![
-                "serve",
-                "--flavour",
-                "grpc",
-                "--downstream",
-                "carrier-pigeon",
-            ],
-            "--downstream",
+            vec!["serve", "--flavour", "grpc", "--backend", "carrier-pigeon"],
+            "--backend",
         ),
         (
             vec![

@@ -2,10 +2,10 @@
 
 mod api;
 mod api_create;
+mod backend;
 mod calibrate;
 mod cli;
 mod ctl;
-mod downstream;
 mod e2e;
 mod flavours;
 mod limits;

@@ -392,7 +392,7 @@ mod tests {
             let answered = futures_util::FutureExt::now_or_never(
                 answer(&service, Bytes::from(frame.clone())),
             )
-            .expect("no downstream: never waits");
+            .expect("no backend: never waits");
             if let Ok(Some(reply)) = answered {
                 prop_assert!(Reader::new(reply).envelope().is_ok());
             }

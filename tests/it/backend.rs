@@ -1,5 +1,5 @@
-//! Deduct's downstream: a real Redis `DECRBY` per call (a private redis-server on a free
-//! loopback port), a fixed wait, and what happens when the downstream is missing or dies.
+//! Deduct's backend: a real Redis `DECRBY` per call (a private redis-server on a free
+//! loopback port), a fixed wait, and what happens when the backend is missing or dies.
 
 use faultrig::local_redis::LocalRedis;
 use faultrig::results::Row;
@@ -53,8 +53,7 @@ fn every_flavour_deducts_in_a_real_redis() {
     let dir = tempdir();
     let mut expected = 0;
     for flavour in faultrig::flavour::names() {
-        let server =
-            Listening::start(&["serve", "--flavour", flavour, "--downstream", &redis.url()]);
+        let server = Listening::start(&["serve", "--flavour", flavour, "--backend", &redis.url()]);
         let csv = dir.path().join(format!("{flavour}.csv"));
         let row = bench_deduct(flavour, &server.addr, 40, &csv);
         assert_eq!((row.calls, row.ok), (40, 40), "{flavour}: {row:?}");
@@ -71,7 +70,7 @@ fn every_flavour_deducts_in_a_real_redis() {
         "serve",
         "--flavour",
         "tcp-binary",
-        "--downstream",
+        "--backend",
         &redis.url(),
     ]);
     drop(redis);
@@ -98,20 +97,20 @@ async fn an_unreachable_redis_fails_the_server_at_start() {
         "serve",
         "--flavour",
         "grpc",
-        "--downstream",
+        "--backend",
         &format!("redis://{dead}"),
     ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("--downstream") && err.contains(&dead.to_string()),
+        err.contains("--backend") && err.contains(&dead.to_string()),
         "{err}"
     );
     assert!(o.stdout.is_empty(), "never announced an address");
 }
 
 #[test]
-fn an_experiment_compares_downstreams() {
+fn an_experiment_compares_backends() {
     let run = run_experiment(
         "profiles = [\"local\"]\nflavours = [\"http1-json\", \"tcp-binary\"]\nmodes = [\"single\"]\n\
          workloads = [\"deduct\", \"deduct@sleep:5ms\", \"deduct@redis\", \"wide\"]\ncalls = 10\n",
