@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::bench::{Mode, Stop, MAX_CALLS, MAX_CONCURRENCY};
+use crate::bench::{Mode, Stop, DEFAULT_CALL_TIMEOUT, MAX_CALLS, MAX_CONCURRENCY};
 use crate::flavour::{self, Flavour, WritePattern};
 use crate::link::Engine;
 use crate::profile::Profile;
@@ -357,7 +357,7 @@ impl ExperimentFile {
             None => Ok(default),
         };
         let warmup = duration("warmup", &self.warmup, Duration::ZERO)?;
-        let timeout = duration("timeout", &self.timeout, Duration::from_secs(10))?;
+        let timeout = duration("timeout", &self.timeout, DEFAULT_CALL_TIMEOUT)?;
         if timeout.is_zero() {
             return Err(bad("timeout", "must be more than zero".into()));
         }

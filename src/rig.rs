@@ -89,7 +89,9 @@ impl Call {
         }
     }
 
-    /// Protobuf encoding of the request message.
+    /// Protobuf encoding of the request message (the fuzz tests' input; the flavours encode
+    /// into their own frames with `encode_protobuf_into`).
+    #[cfg(test)]
     pub fn encode_protobuf(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.protobuf_len());
         self.encode_protobuf_into(&mut out);

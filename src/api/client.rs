@@ -99,6 +99,39 @@ pub async fn request_with(
     body: Option<&Value>,
     limits: &Limits,
 ) -> Result<Value, ClientError> {
+    let bytes = exchange(addr, method, path, body, limits).await?;
+    Ok(parse(&bytes))
+}
+
+/// [`request`], the answer's body as the API sent it (empty for 204): for `faultrig ctl
+/// --json`, which prints the API's own JSON.
+pub async fn request_raw(
+    addr: &str,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Bytes, ClientError> {
+    exchange(addr, method, path, body, &Limits::default()).await
+}
+
+/// A body as JSON; one that is not JSON (`/metrics`) as a string, an empty one as `Null`.
+fn parse(bytes: &[u8]) -> Value {
+    if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    }
+}
+
+/// One request and its whole answer's body; an error status is [`ClientError::Api`].
+async fn exchange(
+    addr: &str,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+    limits: &Limits,
+) -> Result<Bytes, ClientError> {
     let unreachable = |why: String| ClientError::Unreachable {
         addr: addr.to_string(),
         why,
@@ -148,20 +181,15 @@ pub async fn request_with(
         Ok(Err(e)) => return Err(unreachable(e.to_string())),
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    let value: Value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-    };
     if status >= 400 {
+        let value = parse(&bytes);
         let message = value
             .get("error")
             .and_then(Value::as_str)
             .map_or_else(|| value.to_string(), str::to_string);
         return Err(ClientError::Api { status, message });
     }
-    Ok(value)
+    Ok(bytes)
 }
 
 /// Stops the connection task when the request is given up (a timeout, a cap), so a server that
@@ -176,15 +204,13 @@ impl Drop for AbortOnDrop {
 
 /// `GET` of a plain-text endpoint (`/metrics`).
 pub async fn get_text(addr: &str, path: &str) -> Result<String, ClientError> {
-    Ok(text(request(addr, Method::GET, path, None).await?))
+    let bytes = request_raw(addr, Method::GET, path, None).await?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// A plain-text answer ([`request`] reads any answer that is not JSON as a string).
-fn text(answer: Value) -> String {
-    match answer {
-        Value::String(s) => s,
-        other => other.to_string(),
-    }
+/// A proxy or toxic name as one path segment (names may hold any character).
+pub fn segment(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// The control API at one address, typed: answers are [`super::wire`]'s structs, errors
@@ -330,8 +356,8 @@ impl Client {
 
     /// `GET /metrics`: Prometheus' text.
     pub async fn metrics_text(&self) -> Result<String, ClientError> {
-        let answer = request_with(&self.addr, Method::GET, "/metrics", None, &self.limits).await?;
-        Ok(text(answer))
+        let bytes = exchange(&self.addr, Method::GET, "/metrics", None, &self.limits).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 
@@ -339,7 +365,7 @@ impl Client {
 const NO_BODY: Option<&()> = None;
 
 fn proxy_path(name: &str) -> String {
-    format!("/proxies/{}", encode(name))
+    format!("/proxies/{}", segment(name))
 }
 
 fn toxics_path(proxy: &str) -> String {
@@ -347,10 +373,5 @@ fn toxics_path(proxy: &str) -> String {
 }
 
 fn toxic_path(proxy: &str, name: &str) -> String {
-    format!("{}/{}", toxics_path(proxy), encode(name))
-}
-
-/// A name as one path segment (names may hold any character).
-fn encode(name: &str) -> String {
-    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+    format!("{}/{}", toxics_path(proxy), segment(name))
 }

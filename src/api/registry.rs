@@ -19,7 +19,9 @@ use crate::fault::Direction;
 use crate::link::Engine;
 use crate::profile::Profile;
 use crate::proxy::kernel::KernelPath;
-use crate::proxy::{Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_WINDOW};
+use crate::proxy::{
+    Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WINDOW,
+};
 use crate::toxic::{ProfileAttributes, Toxic, ToxicKind};
 
 /// Where a proxy listens when a request leaves `listen` empty: loopback, a free port (Toxiproxy
@@ -43,7 +45,7 @@ impl Default for RegistryOptions {
         RegistryOptions {
             seed: 0,
             window: DEFAULT_WINDOW,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_connections: None,
         }
     }

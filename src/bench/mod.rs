@@ -26,6 +26,9 @@ pub const MAX_CALLS: u64 = 1_000_000_000_000;
 /// The open loop's slowest and fastest rates, calls/s: call `i` is due at `i / rate`, which must
 /// stay a time a clock can hold.
 pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000_000.0;
+/// The limit for one call, connecting included, unless told otherwise (`bench --timeout`, an
+/// experiment's `timeout`).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// When a cell's measured phase ends.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -221,11 +221,6 @@ impl LinkModel {
         self.sender.set_rto_min(params.rto_min);
     }
 
-    /// Segments lost so far (each stall counted once, however often it was retransmitted).
-    pub fn stalls(&self) -> u64 {
-        self.handshake_stalls + self.sender.stalls()
-    }
-
     /// The retransmission timeout the sender would use now.
     pub fn rto(&self) -> Duration {
         self.sender.rto()

@@ -4,12 +4,11 @@
 //! the socket set-up of every flavour). The client is a tonic channel over a connector we own,
 //! so each TCP connection it opens is counted, including any it re-opens after a failure.
 
-use std::io;
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -20,11 +19,6 @@ use crate::rig::{pb, Call, Reply};
 use crate::service::RigService;
 
 pub struct Grpc;
-
-/// Serves grpc on `listener` with a default service until `shutdown` completes.
-pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
-    super::serve(&Grpc, listener, Arc::default(), shutdown).await
-}
 
 impl Flavour for Grpc {
     fn name(&self) -> &'static str {

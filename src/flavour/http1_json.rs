@@ -2,14 +2,13 @@
 //! would call a service. One call at a time per connection: workers sharing a connection take
 //! turns.
 
-use std::io;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
@@ -18,11 +17,6 @@ use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 pub struct Http1Json;
-
-/// Serves http1-json on `listener` with a default service until `shutdown` completes.
-pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
-    super::serve(&Http1Json, listener, Arc::default(), shutdown).await
-}
 
 impl Flavour for Http1Json {
     fn name(&self) -> &'static str {

@@ -1,14 +1,13 @@
 //! `http2-json`: JSON over h2c with prior knowledge (hyper), as Feign over HTTP/2 would call a
 //! service. Calls are multiplexed as HTTP/2 streams on one connection.
 
-use std::io;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
@@ -48,11 +47,6 @@ pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
 }
 
 pub struct Http2Json;
-
-/// Serves http2-json on `listener` with a default service until `shutdown` completes.
-pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
-    super::serve(&Http2Json, listener, Arc::default(), shutdown).await
-}
 
 impl Flavour for Http2Json {
     fn name(&self) -> &'static str {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -33,11 +33,6 @@ const SERVER_IN_FLIGHT: usize = 4096;
 const WRITE_QUEUE: usize = 1024;
 
 pub struct TcpBinary;
-
-/// Serves tcp-binary on `listener` with a default service until `shutdown` completes.
-pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
-    super::serve(&TcpBinary, listener, Arc::default(), shutdown).await
-}
 
 fn codec() -> Frames {
     Frames::new(MAX_MESSAGE + HEADER)
@@ -425,7 +420,7 @@ mod tests {
     async fn a_peer_that_never_reads_is_held_to_its_budget() {
         const CONNECTION: usize = 4 << 20;
         let process = Arc::new(Semaphore::new(5 << 20));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let budgets = Arc::new(Mutex::new(Vec::new()));
         let server = {
@@ -544,7 +539,7 @@ mod tests {
 
         // A server that accepts and then drops connections: waiting calls fail with `reset`.
         drop(stop);
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();

@@ -41,6 +41,10 @@ pub enum Faults {
 
 /// Default bytes in flight per direction before the proxy stops reading.
 pub const DEFAULT_WINDOW: usize = 4 << 20;
+
+/// How long a proxy waits for the upstream's accept before giving up on a client, unless told
+/// otherwise (`--connect-timeout`, the control API's proxies).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest window: memory per connection direction, and a count its semaphore can hold.
 pub const MAX_WINDOW: usize = 1 << 30;
 
@@ -67,7 +71,7 @@ impl Default for ProxyOptions {
             name: "proxy".to_string(),
             seed: 0,
             window: DEFAULT_WINDOW,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_connections: None,
         }
     }
@@ -251,18 +255,6 @@ impl Proxy {
         })
         .await
     }
-}
-
-/// Runs a proxy with default options (seed 0, 4 MiB window) until `shutdown` completes.
-pub async fn run(
-    listener: TcpListener,
-    upstream: impl Into<String>,
-    profile: Profile,
-    shutdown: impl Future,
-) -> io::Result<()> {
-    Proxy::new(upstream, profile, ProxyOptions::default())
-        .run(listener, shutdown)
-        .await
 }
 
 /// Decrements the active-connection gauge however the connection ends.

@@ -4,6 +4,7 @@ mod api;
 mod api_create;
 mod calibrate;
 mod cli;
+mod ctl;
 mod downstream;
 mod e2e;
 mod flavours;

@@ -41,7 +41,12 @@ async fn a_python_thrift_client_calls_our_server() {
     generate_python(generated.path());
     let (l, addr) = listener().await;
     let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(flavour::thrift::run(l, stopped));
+    tokio::spawn(flavour::serve(
+        &flavour::thrift::Thrift,
+        l,
+        Default::default(),
+        stopped,
+    ));
     let out = tokio::process::Command::new(venv_python())
         .arg(SCRIPT)
         .arg("client")

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
 use self::protocol::{
@@ -32,11 +32,6 @@ use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
 pub struct Thrift;
-
-/// Serves thrift on `listener` with a default service until `shutdown` completes.
-pub async fn run(listener: TcpListener, shutdown: impl std::future::Future) -> io::Result<()> {
-    super::serve(&Thrift, listener, Arc::default(), shutdown).await
-}
 
 /// TFramedTransport: a 4-byte big-endian length before each message.
 fn codec() -> Frames {
@@ -521,7 +516,7 @@ mod tests {
     #[tokio::test]
     async fn an_abandoned_call_retires_its_connection() {
         // A server that reads and never answers.
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();

@@ -1,0 +1,194 @@
+//! The copy path: bytes written as soon as they are read.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::socket::{read_some, reset_and_abort, shutdown_write, write_all};
+use super::Ends;
+use crate::proxy::DirectionStats;
+use crate::toxic::Toxic;
+
+/// Unimpaired profiles: copy bytes as soon as they are read.
+pub async fn copy_both(ends: Ends<'_>) {
+    copy_phase(ends, Never).await;
+}
+
+/// Where one direction stood when a copy phase handed its connection over.
+#[derive(Debug, Default)]
+pub struct HandOff {
+    /// Its FIN was already passed on: nothing more will come.
+    pub finished: bool,
+    /// Read but not yet written when the hand-over came (it may have been waiting for its
+    /// reader, which may be waiting for the other direction): delivered first.
+    pub unsent: Bytes,
+}
+
+/// A control-API connection with nothing to apply: copied like an unimpaired one (as fast, and
+/// holding no model) until the proxy's first toxic arrives, then handed over to the scheduled
+/// pipe at once, each direction with what it had read and not yet written. `None` when the
+/// connection ended first (closed, reset, or the proxy shutting down).
+pub async fn copy_until_toxics(
+    ends: Ends<'_>,
+    toxics: &mut watch::Receiver<Arc<Vec<Toxic>>>,
+) -> Option<[HandOff; 2]> {
+    let handover = HandOver::default();
+    let watch = async {
+        loop {
+            if toxics.changed().await.is_err() {
+                // The proxy is gone; its shutdown closes this connection.
+                return std::future::pending().await;
+            }
+            if !toxics.borrow_and_update().is_empty() {
+                handover.now.store(true, Ordering::Relaxed);
+                handover.bell.notify_waiters();
+                return std::future::pending::<()>().await;
+            }
+        }
+    };
+    let copied = std::pin::pin!(copy_phase(ends, &handover));
+    // The watch is polled first on every wake-up: a toxic the API has confirmed is seen before
+    // any byte read in the same wake-up is copied past it. Unbiased, a ping sent just after
+    // the API's answer could be read and copied first (seen in CI).
+    tokio::select! {
+        biased;
+        () = watch => unreachable!("the watch never returns"),
+        ended = copied => ended,
+    }
+}
+
+/// Tells both copying directions to stop where they are.
+#[derive(Default)]
+struct HandOver {
+    now: std::sync::atomic::AtomicBool,
+    bell: Notify,
+}
+
+/// What may stop a copying direction where it stands. The plain copy path is never stopped and
+/// carries none of a hand-over's waiting in its state (its connections are the smallest).
+trait Interrupt: Copy {
+    /// `work` to its end, unless stopped first: then `None`. Given pinned in place, not by
+    /// value: a future passed in would be held twice in the state (once as the argument, once
+    /// where it is awaited), and these states are every connection's.
+    fn unless<F: Future>(self, work: Pin<&mut F>) -> impl Future<Output = Option<F::Output>>;
+}
+
+/// The plain copy path's: nothing stops it.
+#[derive(Clone, Copy)]
+struct Never;
+
+impl Interrupt for Never {
+    async fn unless<F: Future>(self, work: Pin<&mut F>) -> Option<F::Output> {
+        Some(work.await)
+    }
+}
+
+impl Interrupt for &HandOver {
+    async fn unless<F: Future>(self, work: Pin<&mut F>) -> Option<F::Output> {
+        // The wait is registered before the flag is read, so a hand-over called in between
+        // still rings it.
+        let bell = self.bell.notified();
+        if self.now.load(Ordering::Relaxed) {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            () = bell => None,
+            done = work => Some(done),
+        }
+    }
+}
+
+/// How one copied direction ended.
+enum Copied {
+    /// Its FIN was passed on.
+    Finished,
+    /// Stopped for a hand-over, with what it had read and not yet written.
+    Stopped(Bytes),
+    /// It reset the connection.
+    Aborted,
+}
+
+/// Both directions copied; `Some` when they stopped for `handover` (neither reset).
+async fn copy_phase(ends: Ends<'_>, stop: impl Interrupt) -> Option<[HandOff; 2]> {
+    let Ends {
+        client,
+        upstream,
+        stats,
+        abort,
+    } = ends;
+    // The copies are made inside the pinned block, not bound first and moved in: a moved
+    // future keeps its first slot in the task as well, doubling its size.
+    let work = std::pin::pin!(async {
+        tokio::join!(
+            copy(client, upstream, &stats.upstream, abort, stop),
+            copy(upstream, client, &stats.downstream, abort, stop),
+        )
+    });
+    let ended = tokio::select! {
+        ended = work => ended,
+        _ = abort.cancelled() => return None,
+    };
+    let stopped = matches!(ended, (Copied::Stopped(_), _) | (_, Copied::Stopped(_)));
+    if !stopped || abort.is_cancelled() {
+        return None;
+    }
+    let handoff = |c: Copied| match c {
+        Copied::Stopped(unsent) => HandOff {
+            finished: false,
+            unsent,
+        },
+        _ => HandOff {
+            finished: true,
+            unsent: Bytes::new(),
+        },
+    };
+    Some([handoff(ended.0), handoff(ended.1)])
+}
+
+async fn copy(
+    src: &TcpStream,
+    dst: &TcpStream,
+    stats: &DirectionStats,
+    abort: &CancellationToken,
+    stop: impl Interrupt,
+) -> Copied {
+    loop {
+        let Some(read) = stop.unless(std::pin::pin!(read_some(src))).await else {
+            return Copied::Stopped(Bytes::new());
+        };
+        match read {
+            Ok(Some(mut bytes)) => {
+                let len = bytes.len();
+                let wrote = stop
+                    .unless(std::pin::pin!(write_all(dst, &mut bytes)))
+                    .await;
+                stats
+                    .bytes
+                    .fetch_add((len - bytes.len()) as u64, Ordering::Relaxed);
+                match wrote {
+                    None => return Copied::Stopped(bytes),
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => {
+                        reset_and_abort(src, abort);
+                        return Copied::Aborted;
+                    }
+                }
+            }
+            Ok(None) => {
+                shutdown_write(dst);
+                return Copied::Finished;
+            }
+            Err(_) => {
+                reset_and_abort(dst, abort);
+                return Copied::Aborted;
+            }
+        }
+    }
+}
