@@ -853,7 +853,8 @@ mod tests {
             for bound in empty.bounds() {
                 let value = match bound.range {
                     Range::Int { min, .. } => serde_json::json!(min.max(1)),
-                    Range::Number { max } => serde_json::json!(max / 2.0),
+                    // Not a whole number: a whole percent is written as an integer.
+                    Range::Number { max } => serde_json::json!(max / 4.0 + 0.125),
                     Range::Text => serde_json::json!("lan"),
                 };
                 let mut given = Map::new();

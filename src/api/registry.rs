@@ -457,13 +457,14 @@ impl Registry {
     }
 
     /// [`Registry::populate_proxies`] as JSON values, for `faultrig proxy --api`'s proxies
-    /// named on the command line.
+    /// named on the command line (src/cli/proxy.rs reads them so; it can move to the typed
+    /// answer).
     pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
-        let json = |done| serde_json::to_value(done).expect("wire types serialise to JSON");
-        self.populate_proxies(specs)
-            .await
-            .map(json)
-            .map_err(|(e, done)| (e, json(PopulateJson { proxies: done })["proxies"].take()))
+        let json = |v: serde_json::Result<Value>| v.expect("wire types serialise to JSON");
+        match self.populate_proxies(specs).await {
+            Ok(done) => Ok(json(serde_json::to_value(done))),
+            Err((e, done)) => Err((e, json(serde_json::to_value(done)))),
+        }
     }
 
     /// `GET /proxies/{name}/stats` (ours): the proxy's counters since it was created, kept

@@ -72,7 +72,7 @@ impl RemoteTargets {
         match client.version().await {
             Ok(version) if version.contains("faultrig") => {}
             Ok(version) => return Err(not_ours(&version)),
-            // Toxiproxy before 2.6 answers its version as text.
+            // Older Toxiproxy answers its version as plain text, not JSON.
             Err(e @ ClientError::Unexpected { .. }) => return Err(not_ours(&e.to_string())),
             Err(e) => bail!(
                 "{e}: is `faultrig proxy --api {api}` running on the proxy host, and the port \
