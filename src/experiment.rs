@@ -14,6 +14,7 @@ use crate::link::Engine;
 use crate::profile::Profile;
 use crate::report::RoundSummary;
 use crate::service::Backend;
+use crate::toxic::ProfileAttributes;
 use crate::units::parse_duration;
 use crate::workload::Workload;
 
@@ -64,7 +65,7 @@ pub struct Remote {
     pub servers: Vec<String>,
     /// For each profile, the `profile` toxic's attributes that make it on the proxy host: a
     /// built-in's name, or a profile file's whole text (the proxy host need not have the file).
-    pub profile_toxics: Vec<serde_json::Value>,
+    pub profile_toxics: Vec<ProfileAttributes>,
 }
 
 /// The `[remote]` table of an experiment file.
@@ -528,9 +529,9 @@ fn remote(
     let profile_toxics = profile_names
         .iter()
         .map(|p| match Profile::builtin(p) {
-            Some(_) => Ok(serde_json::json!({ "profile": p })),
+            Some(_) => Ok(ProfileAttributes::named(p)),
             None => std::fs::read_to_string(p)
-                .map(|text| serde_json::json!({ "toml": text }))
+                .map(|text| ProfileAttributes::toml(&text))
                 .map_err(|e| blame("profiles", format!("{p}: {e}"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -811,10 +812,10 @@ mod tests {
             ("10.0.0.2:8474", "10.0.0.2", 0)
         );
         assert_eq!(r.servers, ["10.0.1.2:9001", "srv:9005"]);
-        assert_eq!(r.profile_toxics[0], serde_json::json!({"profile": "lan"}));
+        assert_eq!(r.profile_toxics[0], ProfileAttributes::named("lan"));
         assert_eq!(
             r.profile_toxics[1],
-            serde_json::json!({"toml": "[link]\ndelay = \"3ms\"\n"})
+            ProfileAttributes::toml("[link]\ndelay = \"3ms\"\n")
         );
 
         let with = |remote: &str| validate(&format!("{axes}[remote]\n{remote}")).unwrap_err();

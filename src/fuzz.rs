@@ -196,7 +196,7 @@ mod tests {
             }
             if let Ok(toxic) = crate::api::toxics::ToxicEntry::create(&v, 1) {
                 let _ = toxic.update(&v, 2);
-                let _ = toxic.to_json();
+                let _ = toxic.to_wire();
             }
         }
 

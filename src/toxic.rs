@@ -26,6 +26,8 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::fault::{Direction, HandshakeLoss, PathTiming, Setup};
 use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile, MAX_PROFILE_DURATION};
@@ -124,67 +126,189 @@ impl std::fmt::Display for Cidr {
     }
 }
 
-/// What a toxic does, with Toxiproxy's units.
-#[derive(Clone, Debug, PartialEq)]
+/// The longest a latency or jitter may be: the fault model's bound on any duration (its
+/// retransmission timeout backs off from the round trip up to 2^15 times, in `Duration`s).
+const MAX_MODEL_MS: u64 = MAX_PROFILE_DURATION.as_millis() as u64;
+
+/// The longest a timer toxic (slow_close, timeout, reset_peer) may wait.
+const MAX_TIMER_MS: u64 = MAX_TIMER.as_millis() as u64;
+
+/// The most a bandwidth toxic may allow, in KB/s (800 Gbit/s, past any NIC): `rate × 8000`
+/// bits per second then stays far inside `u64`.
+const MAX_RATE_KB_S: u64 = 100_000_000;
+
+/// The largest slicer piece: above any read the pipe makes, so a larger one would not slice.
+const MAX_SLICE: u64 = 16 << 20;
+
+/// The longest slicer delay between pieces, in µs: a minute per piece.
+const MAX_SLICE_DELAY_US: u64 = 60_000_000;
+
+/// Toxiproxy's attributes are Go `int64`s: `limit_data` can count no further.
+const MAX_BYTES: u64 = i64::MAX as u64;
+
+/// What a toxic does, as the API carries it: `{"type": .., "attributes": {..}}` with
+/// Toxiproxy's attribute names and integer units, an integer left out meaning 0. This enum is
+/// the one list of toxic types: serde gives each its name and attributes, [`ToxicKind::bounds`]
+/// what a client may send, and [`resolve`] its effect.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "attributes", rename_all = "snake_case")]
 pub enum ToxicKind {
     Latency {
+        #[serde(rename = "latency", default)]
         latency_ms: u64,
+        #[serde(rename = "jitter", default)]
         jitter_ms: u64,
     },
     Bandwidth {
+        #[serde(rename = "rate", default)]
         rate_kb_s: u64,
     },
     SlowClose {
+        #[serde(rename = "delay", default)]
         delay_ms: u64,
     },
     Timeout {
+        #[serde(rename = "timeout", default)]
         timeout_ms: u64,
     },
     ResetPeer {
+        #[serde(rename = "timeout", default)]
         timeout_ms: u64,
     },
     Slicer {
+        #[serde(default)]
         average_size: u64,
+        #[serde(default)]
         size_variation: u64,
+        #[serde(rename = "delay", default)]
         delay_us: u64,
     },
     LimitData {
+        #[serde(default)]
         bytes: u64,
     },
+    Noop {},
     /// Segment loss turned into retransmission stalls.
-    Loss {
-        loss: LossProcess,
-    },
+    Loss(LossAttributes),
     /// Lost SYNs (upstream) or SYN-ACKs (downstream) of new connections.
-    SynLoss {
-        probability: f64,
-    },
+    SynLoss(Rate),
     /// A whole profile's impairment of this direction (and its connection set-up).
-    Profile {
-        profile: Box<Profile>,
-    },
+    Profile(ProfileAttributes),
     /// New connections pay the SYN / SYN-ACK round trip of the path the other toxics make
     /// before their first byte leaves (whichever stream it is on).
-    Handshake,
-    Noop,
+    Handshake {},
 }
 
 impl ToxicKind {
-    /// The `type` name on the API.
-    pub fn type_name(&self) -> &'static str {
+    /// What a client may send for each attribute; a type's attributes are read only after
+    /// these pass, so a bound is defined once, beside its type.
+    pub fn bounds(&self) -> &'static [Bound] {
         match self {
-            ToxicKind::Latency { .. } => "latency",
-            ToxicKind::Bandwidth { .. } => "bandwidth",
-            ToxicKind::SlowClose { .. } => "slow_close",
-            ToxicKind::Timeout { .. } => "timeout",
-            ToxicKind::ResetPeer { .. } => "reset_peer",
-            ToxicKind::Slicer { .. } => "slicer",
-            ToxicKind::LimitData { .. } => "limit_data",
-            ToxicKind::Loss { .. } => "loss",
-            ToxicKind::SynLoss { .. } => "syn_loss",
-            ToxicKind::Profile { .. } => "profile",
-            ToxicKind::Handshake => "handshake",
-            ToxicKind::Noop => "noop",
+            ToxicKind::Latency { .. } => {
+                const {
+                    &[
+                        Bound::int("latency", 0, MAX_MODEL_MS, "ms"),
+                        // A jitter wider than the latency is accepted, as Toxiproxy accepts it: the
+                        // delay is clipped at zero (so its mean is then above the latency asked for).
+                        Bound::int("jitter", 0, MAX_MODEL_MS, "ms"),
+                    ]
+                }
+            }
+            // Toxiproxy takes rate 0 (and a missing rate) as no limit at all: refused here,
+            // since a bandwidth toxic that limits nothing is a mistake, most often a hoped-for
+            // "stop".
+            ToxicKind::Bandwidth { .. } => {
+                const { &[Bound::int("rate", 1, MAX_RATE_KB_S, "KB/s")] }
+            }
+            ToxicKind::SlowClose { .. } => const { &[Bound::int("delay", 0, MAX_TIMER_MS, "ms")] },
+            ToxicKind::Timeout { .. } | ToxicKind::ResetPeer { .. } => {
+                const { &[Bound::int("timeout", 0, MAX_TIMER_MS, "ms")] }
+            }
+            ToxicKind::Slicer { .. } => {
+                const {
+                    &[
+                        // Toxiproxy recurses without end on an average_size of 0, and cuts out of
+                        // bounds (a panic) when size_variation exceeds average_size.
+                        Bound::int("average_size", 1, MAX_SLICE, "bytes"),
+                        Bound::int_at_most("size_variation", MAX_SLICE, "bytes", "average_size"),
+                        Bound::int("delay", 0, MAX_SLICE_DELAY_US, "µs"),
+                    ]
+                }
+            }
+            ToxicKind::LimitData { .. } => const { &[Bound::int("bytes", 0, MAX_BYTES, "bytes")] },
+            ToxicKind::Loss(_) => {
+                const {
+                    &[
+                        Bound::number("percent", 100.0),
+                        Bound::number("probability", 1.0),
+                        Bound::number("p", 1.0),
+                        Bound::number("r", 1.0),
+                        Bound::number("h", 1.0),
+                        Bound::number("k", 1.0),
+                    ]
+                }
+            }
+            ToxicKind::SynLoss(_) => {
+                const {
+                    &[
+                        Bound::number("percent", 100.0),
+                        Bound::number("probability", 1.0),
+                    ]
+                }
+            }
+            ToxicKind::Profile(_) => const { &[Bound::text("profile"), Bound::text("toml")] },
+            ToxicKind::Noop {} | ToxicKind::Handshake {} => &[],
+        }
+    }
+
+    /// The type named `name` with every attribute left out (so integers at 0); `None` for a
+    /// name no variant has.
+    pub fn empty(name: &str) -> Option<ToxicKind> {
+        ToxicKind::join(name, &Map::new()).ok()
+    }
+
+    /// The `type` name on the API (serde's, so it is written once).
+    pub fn type_name(&self) -> String {
+        self.split().0
+    }
+
+    /// The kind as its `type` and `attributes` (every integer attribute present, as Toxiproxy
+    /// answers).
+    pub fn split(&self) -> (String, Map<String, Value>) {
+        let Ok(Value::Object(mut m)) = serde_json::to_value(self) else {
+            unreachable!("a toxic kind serialises to an object")
+        };
+        let Some(Value::String(name)) = m.remove("type") else {
+            unreachable!("an adjacently tagged enum serialises its tag")
+        };
+        match m.remove("attributes") {
+            Some(Value::Object(attributes)) => (name, attributes),
+            _ => (name, Map::new()),
+        }
+    }
+
+    /// The kind a `type` and `attributes` describe; attributes of no meaning to the type (and
+    /// nulls, which mean left out) are passed over.
+    pub fn join(type_name: &str, attributes: &Map<String, Value>) -> serde_json::Result<ToxicKind> {
+        let given: Map<String, Value> = attributes
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        serde_json::from_value(serde_json::json!({"type": type_name, "attributes": given}))
+    }
+
+    /// Settles what the attributes mean beyond their bounds (which rate a loss gives, which
+    /// profile a profile toxic names), so [`resolve`] never meets an unusable toxic.
+    pub fn settle(&mut self) -> Result<(), String> {
+        match self {
+            ToxicKind::Loss(loss) => loss.process().map(drop),
+            ToxicKind::SynLoss(rate) => rate
+                .probability()?
+                .map(drop)
+                .ok_or_else(|| "syn_loss needs percent or probability".to_string()),
+            ToxicKind::Profile(p) => p.settle(),
+            _ => Ok(()),
         }
     }
 
@@ -196,12 +320,209 @@ impl ToxicKind {
             self,
             ToxicKind::Latency { .. }
                 | ToxicKind::Bandwidth { .. }
-                | ToxicKind::Loss { .. }
-                | ToxicKind::Profile { .. }
+                | ToxicKind::Loss(_)
+                | ToxicKind::Profile(_)
                 // The kernel's connections always pay their real handshake.
-                | ToxicKind::Handshake
-                | ToxicKind::Noop
+                | ToxicKind::Handshake {}
+                | ToxicKind::Noop {}
         )
+    }
+}
+
+/// What a client may send for one attribute.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub name: &'static str,
+    pub range: Range,
+    /// Another attribute of the same toxic this one may not exceed (size_variation ≤
+    /// average_size).
+    pub at_most: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Range {
+    /// An integer in `min..=max`, in `unit` (Toxiproxy's integer units). A minimum above 0
+    /// makes the attribute required, since left out it means 0.
+    Int {
+        min: u64,
+        max: u64,
+        unit: &'static str,
+    },
+    /// A number in `0..=max` (ours: loss rates), absent unless given.
+    Number { max: f64 },
+    /// Text (ours: a profile's name or file); absent unless given.
+    Text,
+}
+
+impl Bound {
+    const fn int(name: &'static str, min: u64, max: u64, unit: &'static str) -> Bound {
+        Bound {
+            name,
+            range: Range::Int { min, max, unit },
+            at_most: None,
+        }
+    }
+
+    const fn int_at_most(
+        name: &'static str,
+        max: u64,
+        unit: &'static str,
+        other: &'static str,
+    ) -> Bound {
+        Bound {
+            name,
+            range: Range::Int { min: 0, max, unit },
+            at_most: Some(other),
+        }
+    }
+
+    const fn number(name: &'static str, max: f64) -> Bound {
+        Bound {
+            name,
+            range: Range::Number { max },
+            at_most: None,
+        }
+    }
+
+    const fn text(name: &'static str) -> Bound {
+        Bound {
+            name,
+            range: Range::Text,
+            at_most: None,
+        }
+    }
+}
+
+/// A loss rate (ours): `percent` (0..100, so Toxiproxy's clients can read it back) or
+/// `probability` (0..1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rate {
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_as_integer"
+    )]
+    pub percent: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probability: Option<f64>,
+}
+
+impl Rate {
+    /// The rate as a probability; `None` when neither is given.
+    pub fn probability(&self) -> Result<Option<f64>, String> {
+        match (self.probability, self.percent) {
+            (Some(_), Some(_)) => Err("give probability or percent, not both".into()),
+            (p, q) => Ok(p.or(q.map(|q| q / 100.0))),
+        }
+    }
+}
+
+/// A whole number of percent written as an integer: Toxiproxy's clients read attributes as
+/// integers, and choke on `30.0`.
+fn whole_as_integer<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match *v {
+        Some(x) if x.fract() == 0.0 && (0.0..=100.0).contains(&x) => s.serialize_u64(x as u64),
+        Some(x) => s.serialize_f64(x),
+        None => s.serialize_none(),
+    }
+}
+
+/// A `loss` toxic's attributes: a Bernoulli [`Rate`], or Gilbert–Elliott `p` and `r` (and
+/// optional `h`, `k`) as in profiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LossAttributes {
+    #[serde(flatten)]
+    pub rate: Rate,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub h: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<f64>,
+}
+
+impl LossAttributes {
+    pub fn bernoulli(p: f64) -> LossAttributes {
+        LossAttributes {
+            rate: Rate {
+                percent: None,
+                probability: Some(p),
+            },
+            ..LossAttributes::default()
+        }
+    }
+
+    /// The loss process the attributes describe.
+    pub fn process(&self) -> Result<LossProcess, String> {
+        match (self.p, self.r) {
+            (Some(p), Some(r)) => Ok(LossProcess::GilbertElliott {
+                p,
+                r,
+                h: self.h.unwrap_or(0.0),
+                k: self.k.unwrap_or(1.0),
+                step: None,
+            }),
+            (None, None) => match self.rate.probability()? {
+                Some(p) => Ok(LossProcess::Bernoulli { p }),
+                None => {
+                    Err("loss needs percent or probability (or Gilbert-Elliott p and r)".into())
+                }
+            },
+            _ => Err("Gilbert-Elliott loss needs both p and r".into()),
+        }
+    }
+}
+
+/// A `profile` toxic's attributes: a built-in profile by name, or a whole profile file's text
+/// (how a remote run sends a profile the proxy host does not have).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProfileAttributes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toml: Option<String>,
+    /// The profile they name, once [`ToxicKind::settle`]d: parsed once, not per connection.
+    #[serde(skip)]
+    pub settled: Option<Box<Profile>>,
+}
+
+impl ProfileAttributes {
+    pub fn named(name: &str) -> ProfileAttributes {
+        ProfileAttributes {
+            profile: Some(name.to_string()),
+            ..ProfileAttributes::default()
+        }
+    }
+
+    pub fn toml(text: &str) -> ProfileAttributes {
+        ProfileAttributes {
+            toml: Some(text.to_string()),
+            ..ProfileAttributes::default()
+        }
+    }
+
+    fn settle(&mut self) -> Result<(), String> {
+        let profile = match (&self.profile, &self.toml) {
+            (Some(name), None) => Profile::builtin(name).ok_or_else(|| {
+                format!(
+                    "unknown profile \"{name}\" (use {})",
+                    Profile::builtin_names().collect::<Vec<_>>().join(", ")
+                )
+            })?,
+            (None, Some(text)) => Profile::parse(text, "profile toxic attribute toml", "custom")
+                .map_err(|e| e.to_string())?,
+            _ => {
+                return Err(
+                    "profile needs attribute profile (a built-in profile name) or toml \
+                     (a profile file's text)"
+                        .into(),
+                )
+            }
+        };
+        self.settled = Some(Box::new(profile));
+        Ok(())
     }
 }
 
@@ -382,8 +703,13 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
             ToxicKind::LimitData { bytes } => {
                 d.limit = Some(d.limit.map_or(*bytes, |l| l.min(*bytes)));
             }
-            ToxicKind::Loss { loss } => d.link.loss = combine_loss(d.link.loss, *loss),
-            ToxicKind::SynLoss { probability } => {
+            // Settled when the API took the toxic: an unusable one loses nothing.
+            ToxicKind::Loss(loss) => {
+                let loss = loss.process().unwrap_or(LossProcess::None);
+                d.link.loss = combine_loss(d.link.loss, loss);
+            }
+            ToxicKind::SynLoss(rate) => {
+                let probability = rate.probability().ok().flatten().unwrap_or(0.0);
                 // The packet that travels the toxic's way: the client's SYN goes upstream, the
                 // server's SYN-ACK downstream.
                 let packet = match toxic.stream {
@@ -392,10 +718,12 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
                 };
                 *packet = Some(combine_loss(
                     packet.unwrap_or(LossProcess::None),
-                    LossProcess::Bernoulli { p: *probability },
+                    LossProcess::Bernoulli { p: probability },
                 ));
             }
-            ToxicKind::Profile { profile: p } => {
+            ToxicKind::Profile(ProfileAttributes {
+                settled: Some(p), ..
+            }) => {
                 d.link = match toxic.stream {
                     Direction::Upstream => p.upstream.clone(),
                     Direction::Downstream => p.downstream.clone(),
@@ -403,8 +731,9 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
                 profile.connect = p.connect.clone();
                 round_trip = true;
             }
-            ToxicKind::Handshake => round_trip = true,
-            ToxicKind::Noop => {}
+            ToxicKind::Profile(_) => {}
+            ToxicKind::Handshake {} => round_trip = true,
+            ToxicKind::Noop {} => {}
         }
     }
     profile.upstream = up.link.clone();
@@ -498,6 +827,72 @@ mod tests {
         Profile::builtin("local").unwrap()
     }
 
+    /// Every type Toxiproxy's clients and ours send, by its wire name.
+    const TYPES: [&str; 12] = [
+        "latency",
+        "bandwidth",
+        "slow_close",
+        "timeout",
+        "reset_peer",
+        "slicer",
+        "limit_data",
+        "noop",
+        "loss",
+        "syn_loss",
+        "profile",
+        "handshake",
+    ];
+
+    /// A bound names an attribute serde reads and writes back: otherwise the bound would check
+    /// one name while the toxic took another.
+    #[test]
+    fn bounds_name_the_attributes_each_type_carries() {
+        for name in TYPES {
+            let empty = ToxicKind::empty(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(empty.type_name(), name);
+            for bound in empty.bounds() {
+                let value = match bound.range {
+                    Range::Int { min, .. } => serde_json::json!(min.max(1)),
+                    // Not a whole number: a whole percent is written as an integer.
+                    Range::Number { max } => serde_json::json!(max / 4.0 + 0.125),
+                    Range::Text => serde_json::json!("lan"),
+                };
+                let mut given = Map::new();
+                given.insert(bound.name.to_string(), value.clone());
+                let kind = ToxicKind::join(name, &given).unwrap();
+                let (type_name, attributes) = kind.split();
+                assert_eq!(type_name, name);
+                assert_eq!(
+                    attributes.get(bound.name),
+                    Some(&value),
+                    "{name}.{}",
+                    bound.name
+                );
+            }
+            // Toxiproxy answers with every integer attribute, 0 when never given.
+            let ints: Vec<&str> = (empty.bounds().iter())
+                .filter(|b| matches!(b.range, Range::Int { .. }))
+                .map(|b| b.name)
+                .collect();
+            let (_, attributes) = empty.split();
+            assert_eq!(
+                attributes.keys().map(String::as_str).collect::<Vec<_>>(),
+                {
+                    let mut sorted = ints.clone();
+                    sorted.sort();
+                    sorted
+                },
+                "{name}"
+            );
+        }
+        assert_eq!(ToxicKind::empty("melt"), None);
+        assert_eq!(
+            ToxicKind::empty("Latency"),
+            None,
+            "names are exact, as in Toxiproxy"
+        );
+    }
+
     #[test]
     fn toxics_compose_per_direction() {
         let toxics = [
@@ -530,16 +925,12 @@ mod tests {
             toxic(
                 "loss",
                 Direction::Upstream,
-                ToxicKind::Loss {
-                    loss: LossProcess::Bernoulli { p: 0.5 },
-                },
+                ToxicKind::Loss(LossAttributes::bernoulli(0.5)),
             ),
             toxic(
                 "loss2",
                 Direction::Upstream,
-                ToxicKind::Loss {
-                    loss: LossProcess::Bernoulli { p: 0.5 },
-                },
+                ToxicKind::Loss(LossAttributes::bernoulli(0.5)),
             ),
             toxic(
                 "cut",
@@ -571,14 +962,18 @@ mod tests {
             toxic(
                 "p",
                 Direction::Upstream,
-                ToxicKind::Profile {
-                    profile: Box::new(lossy.clone()),
-                },
+                ToxicKind::Profile(ProfileAttributes {
+                    settled: Some(Box::new(lossy.clone())),
+                    ..ProfileAttributes::named("lossy-10ms-1pct")
+                }),
             ),
             toxic(
                 "syn",
                 Direction::Upstream,
-                ToxicKind::SynLoss { probability: 0.2 },
+                ToxicKind::SynLoss(Rate {
+                    percent: None,
+                    probability: Some(0.2),
+                }),
             ),
         ];
         let f = resolve(&local(), &toxics, &mut draws());
@@ -604,7 +999,10 @@ mod tests {
             let toxics = [toxic(
                 "syn",
                 stream,
-                ToxicKind::SynLoss { probability: 0.2 },
+                ToxicKind::SynLoss(Rate {
+                    percent: None,
+                    probability: Some(0.2),
+                }),
             )];
             let f = resolve(&local(), &toxics, &mut draws());
             let (mut syn, mut synack) = (0i64, 0i64);

@@ -1,14 +1,21 @@
-//! A small client of the control API, for `faultrig ctl` (people without a client library)
-//! and for the runner when it drives remote proxies.
+//! A client of the control API: [`Client`], typed over [`super::wire`], for the runner when it
+//! drives remote proxies and for tests; and the raw [`request`] under it, for `faultrig ctl`
+//! (people without a client library), which prints whatever JSON comes back.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 use tokio::time::timeout;
+
+use super::wire::{PopulateJson, ProxyJson, StatsJson, ToxicJson, ToxicUpdate, VersionJson};
+use super::ApiError;
 
 /// How long the client waits, and how much it reads: an API that stalls or streams without end
 /// must not hang `faultrig ctl` or a run driving remote proxies, nor fill its memory.
@@ -56,6 +63,21 @@ pub enum ClientError {
     /// The API answered with an error (`{"error": .., "status": ..}`).
     #[error("control API: {status} {message}")]
     Api { status: u16, message: String },
+    /// The API answered, but not in the shape asked for: not faultrig's or Toxiproxy's API.
+    #[error("control API at {addr}: unexpected answer to {request}: {why}")]
+    Unexpected {
+        addr: String,
+        request: String,
+        why: String,
+    },
+}
+
+impl ClientError {
+    /// Whether the API answered with `error` (one of [`ApiError`]'s named errors).
+    pub fn is(&self, error: &ApiError) -> bool {
+        matches!(self, ClientError::Api { status, message }
+            if *status == error.status && *message == error.message)
+    }
 }
 
 /// One request with the default [`Limits`]: `body` as JSON when given. Returns the JSON answer
@@ -189,4 +211,167 @@ pub async fn get_text(addr: &str, path: &str) -> Result<String, ClientError> {
 /// A proxy or toxic name as one path segment (names may hold any character).
 pub fn segment(name: &str) -> String {
     percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// The control API at one address, typed: answers are [`super::wire`]'s structs, errors
+/// [`ClientError`]s.
+#[derive(Clone, Debug)]
+pub struct Client {
+    addr: String,
+    limits: Limits,
+}
+
+impl Client {
+    /// The API at `HOST:PORT`, with the default [`Limits`].
+    pub fn new(addr: &str) -> Client {
+        Client::with_limits(addr, Limits::default())
+    }
+
+    pub fn with_limits(addr: &str, limits: Limits) -> Client {
+        Client {
+            addr: addr.to_string(),
+            limits,
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let unexpected = |why: String| ClientError::Unexpected {
+            addr: self.addr.clone(),
+            request: format!("{method} {path}"),
+            why,
+        };
+        let body = body
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| unexpected(e.to_string()))?;
+        let answer = request_with(
+            &self.addr,
+            method.clone(),
+            path,
+            body.as_ref(),
+            &self.limits,
+        )
+        .await?;
+        serde_json::from_value(answer).map_err(|e| unexpected(e.to_string()))
+    }
+
+    /// `GET /version`.
+    pub async fn version(&self) -> Result<String, ClientError> {
+        let v: VersionJson = self.call(Method::GET, "/version", NO_BODY).await?;
+        Ok(v.version)
+    }
+
+    /// `GET /proxies`: name → proxy.
+    pub async fn proxies(&self) -> Result<BTreeMap<String, ProxyJson>, ClientError> {
+        self.call(Method::GET, "/proxies", NO_BODY).await
+    }
+
+    /// `GET /proxies/{name}`.
+    pub async fn proxy(&self, name: &str) -> Result<ProxyJson, ClientError> {
+        self.call(Method::GET, &proxy_path(name), NO_BODY).await
+    }
+
+    /// `POST /proxies`: the proxy as created (with its bound `listen`).
+    pub async fn create(&self, proxy: &ProxyJson) -> Result<ProxyJson, ClientError> {
+        self.call(Method::POST, "/proxies", Some(proxy)).await
+    }
+
+    /// `POST /populate`: the proxies as created or kept.
+    pub async fn populate(&self, proxies: &[ProxyJson]) -> Result<Vec<ProxyJson>, ClientError> {
+        let done: PopulateJson = self.call(Method::POST, "/populate", Some(&proxies)).await?;
+        Ok(done.proxies)
+    }
+
+    /// `POST /proxies/{name}` with `enabled`: starts or stops the proxy.
+    pub async fn set_enabled(&self, name: &str, enabled: bool) -> Result<ProxyJson, ClientError> {
+        let body = serde_json::json!({ "enabled": enabled });
+        self.call(Method::POST, &proxy_path(name), Some(&body))
+            .await
+    }
+
+    /// `DELETE /proxies/{name}`.
+    pub async fn delete(&self, name: &str) -> Result<(), ClientError> {
+        self.call(Method::DELETE, &proxy_path(name), NO_BODY).await
+    }
+
+    /// `POST /reset`: every proxy enabled, every toxic removed.
+    pub async fn reset(&self) -> Result<(), ClientError> {
+        self.call(Method::POST, "/reset", NO_BODY).await
+    }
+
+    /// `GET /proxies/{name}/stats` (faultrig's).
+    pub async fn stats(&self, proxy: &str) -> Result<StatsJson, ClientError> {
+        let path = format!("{}/stats", proxy_path(proxy));
+        self.call(Method::GET, &path, NO_BODY).await
+    }
+
+    /// `GET /proxies/{name}/toxics`.
+    pub async fn toxics(&self, proxy: &str) -> Result<Vec<ToxicJson>, ClientError> {
+        self.call(Method::GET, &toxics_path(proxy), NO_BODY).await
+    }
+
+    /// `GET /proxies/{proxy}/toxics/{name}`.
+    pub async fn toxic(&self, proxy: &str, name: &str) -> Result<ToxicJson, ClientError> {
+        self.call(Method::GET, &toxic_path(proxy, name), NO_BODY)
+            .await
+    }
+
+    /// `POST /proxies/{proxy}/toxics`: the toxic as the API holds it (named, every attribute
+    /// of its type present).
+    pub async fn add_toxic(
+        &self,
+        proxy: &str,
+        toxic: &ToxicJson,
+    ) -> Result<ToxicJson, ClientError> {
+        self.call(Method::POST, &toxics_path(proxy), Some(toxic))
+            .await
+    }
+
+    /// `POST /proxies/{proxy}/toxics/{name}`: the attributes given replace the toxic's, the
+    /// rest stay.
+    pub async fn update_toxic(
+        &self,
+        proxy: &str,
+        name: &str,
+        update: &ToxicUpdate,
+    ) -> Result<ToxicJson, ClientError> {
+        self.call(Method::POST, &toxic_path(proxy, name), Some(update))
+            .await
+    }
+
+    /// `DELETE /proxies/{proxy}/toxics/{name}`.
+    pub async fn delete_toxic(&self, proxy: &str, name: &str) -> Result<(), ClientError> {
+        self.call(Method::DELETE, &toxic_path(proxy, name), NO_BODY)
+            .await
+    }
+
+    /// `GET /metrics`: Prometheus' text.
+    pub async fn metrics_text(&self) -> Result<String, ClientError> {
+        let bytes = exchange(&self.addr, Method::GET, "/metrics", None, &self.limits).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+/// For calls without a body: `None` of some serialisable type.
+const NO_BODY: Option<&()> = None;
+
+fn proxy_path(name: &str) -> String {
+    format!("/proxies/{}", segment(name))
+}
+
+fn toxics_path(proxy: &str) -> String {
+    format!("{}/toxics", proxy_path(proxy))
+}
+
+fn toxic_path(proxy: &str, name: &str) -> String {
+    format!("{}/{}", toxics_path(proxy), segment(name))
 }

@@ -78,7 +78,8 @@ pub fn render(proxies: &[ProxyMetrics]) -> String {
     let mut toxics = Vec::new();
     for p in proxies {
         let mut counted: Vec<((&str, Direction), u64)> = Vec::new();
-        for &t in &p.toxics {
+        for (kind, d) in &p.toxics {
+            let t = (kind.as_str(), *d);
             match counted.iter_mut().find(|(k, _)| *k == t) {
                 Some((_, n)) => *n += 1,
                 None => counted.push((t, 1)),
@@ -128,8 +129,8 @@ mod tests {
                 ..StatsSnapshot::default()
             },
             toxics: vec![
-                ("latency", Direction::Downstream),
-                ("latency", Direction::Downstream),
+                ("latency".to_string(), Direction::Downstream),
+                ("latency".to_string(), Direction::Downstream),
             ],
         }]);
         assert!(text.contains(

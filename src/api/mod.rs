@@ -2,7 +2,9 @@
 //! with faultrig's fault model behind it, plus Prometheus metrics.
 //!
 //! - [`registry`]: the named proxies, their toxics and counters, and every operation on them;
-//! - [`toxics`]: toxics as JSON, in Toxiproxy's shapes and units;
+//! - [`toxics`]: toxic bodies checked against [`crate::toxic::ToxicKind`]'s types and bounds;
+//! - [`wire`]: the JSON answers, in Toxiproxy's shapes, shared with [`client`];
+//! - [`client`]: a typed client of the API (the runner's, the tests');
 //! - [`metrics`]: `GET /metrics` in Prometheus' text format;
 //! - this module: HTTP (hyper), routing, body limits and Toxiproxy's error bodies.
 //!
@@ -12,6 +14,7 @@ pub mod client;
 pub mod metrics;
 pub mod registry;
 pub mod toxics;
+pub mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,10 +24,12 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
 pub use registry::{ProxySpec, Registry, RegistryOptions};
+use wire::{ErrorJson, VersionJson};
 
 /// Largest request body accepted; larger ones get 413.
 pub const MAX_BODY: usize = 1 << 20;
@@ -36,7 +41,9 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// The version `GET /version` reports (faultrig's; clients treat it as opaque text).
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-faultrig");
 
-/// An error as Toxiproxy reports it: `{"error": message, "status": code}`.
+/// An error as Toxiproxy reports it: `{"error": message, "status": code}`. The constructors
+/// are the one place Toxiproxy's messages and codes are written (its `api.go` errors), so the
+/// server and [`client::ClientError::is`] agree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
     pub status: u16,
@@ -51,8 +58,24 @@ impl ApiError {
         }
     }
 
-    pub fn bad_body(detail: &str) -> ApiError {
-        ApiError::new(400, &format!("bad request body: {detail}"))
+    pub fn proxy_not_found() -> ApiError {
+        ApiError::new(404, "proxy not found")
+    }
+
+    pub fn proxy_exists() -> ApiError {
+        ApiError::new(409, "proxy already exists")
+    }
+
+    pub fn toxic_not_found() -> ApiError {
+        ApiError::new(404, "toxic not found")
+    }
+
+    pub fn toxic_exists() -> ApiError {
+        ApiError::new(409, "toxic already exists")
+    }
+
+    pub fn invalid_toxic_type() -> ApiError {
+        ApiError::new(400, "invalid toxic type")
     }
 
     pub fn invalid_stream() -> ApiError {
@@ -62,8 +85,47 @@ impl ApiError {
         )
     }
 
-    fn body(&self) -> Value {
-        serde_json::json!({"error": self.message, "status": self.status})
+    pub fn bad_body(detail: &str) -> ApiError {
+        ApiError::new(400, &format!("bad request body: {detail}"))
+    }
+
+    /// `at`: where in a `/populate` list (Toxiproxy's "missing required field: name at proxy
+    /// 2").
+    pub fn missing_field(field: &str, at: Option<usize>) -> ApiError {
+        let at = at
+            .map(|i| format!(" at proxy {}", i + 1))
+            .unwrap_or_default();
+        ApiError::new(400, &format!("missing required field: {field}{at}"))
+    }
+
+    pub fn no_endpoint(path: &str) -> ApiError {
+        ApiError::new(404, &format!("no such endpoint: {path}"))
+    }
+
+    pub fn method_not_allowed(method: &Method, path: &str) -> ApiError {
+        ApiError::new(405, &format!("method not allowed: {method} {path}"))
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(413, &format!("request body larger than {limit} bytes"))
+    }
+
+    /// The proxy host failed (a listener, the kernel engine), not the request.
+    pub fn internal(message: &str) -> ApiError {
+        ApiError::new(500, message)
+    }
+
+    /// The same error with `context` after its message.
+    pub fn within(self, context: &str) -> ApiError {
+        ApiError::new(self.status, &format!("{} {context}", self.message))
+    }
+
+    pub fn body(&self) -> ErrorJson {
+        ErrorJson {
+            error: self.message.clone(),
+            status: self.status,
+            proxies: None,
+        }
     }
 }
 
@@ -121,13 +183,13 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let is_update = method == Method::POST || method == Method::PATCH;
     let result: Result<(StatusCode, Option<Value>), ApiError> = match segs.as_slice() {
-        ["proxies"] if method == Method::GET => Ok((StatusCode::OK, Some(registry.list().await))),
+        ["proxies"] if method == Method::GET => Ok(ok(registry.list().await)),
         ["proxies"] if method == Method::POST => {
             match json(&body).and_then(|v| ProxySpec::from_json(&v, None)) {
                 Ok(spec) => registry
                     .create(spec)
                     .await
-                    .map(|v| (StatusCode::CREATED, Some(v))),
+                    .map(|p| (StatusCode::CREATED, Some(to_json(p)))),
                 Err(e) => Err(e),
             }
         }
@@ -136,10 +198,9 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
             .reset()
             .await
             .map(|()| (StatusCode::NO_CONTENT, None)),
-        ["version"] if method == Method::GET => Ok((
-            StatusCode::OK,
-            Some(serde_json::json!({"version": VERSION})),
-        )),
+        ["version"] if method == Method::GET => Ok(ok(VersionJson {
+            version: VERSION.to_string(),
+        })),
         ["metrics"] if method == Method::GET => {
             let text = metrics::render(&registry.snapshot().await);
             return Response::builder()
@@ -157,10 +218,7 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
             .delete(name)
             .await
             .map(|()| (StatusCode::NO_CONTENT, None)),
-        ["proxies", name, "stats"] if method == Method::GET => registry
-            .stats(name)
-            .await
-            .map(|s| ok(serde_json::to_value(s).expect("counters serialise"))),
+        ["proxies", name, "stats"] if method == Method::GET => registry.stats(name).await.map(ok),
         ["proxies", name, "toxics"] if method == Method::GET => registry.toxics(name).await.map(ok),
         ["proxies", name, "toxics"] if method == Method::POST => {
             registry.add_toxic(name, json(&body)).await.map(ok)
@@ -184,11 +242,8 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
         | ["proxies", _]
         | ["proxies", _, "stats"]
         | ["proxies", _, "toxics"]
-        | ["proxies", _, "toxics", _] => Err(ApiError::new(
-            405,
-            &format!("method not allowed: {method} {path}"),
-        )),
-        _ => Err(ApiError::new(404, &format!("no such endpoint: {path}"))),
+        | ["proxies", _, "toxics", _] => Err(ApiError::method_not_allowed(&method, &path)),
+        _ => Err(ApiError::no_endpoint(&path)),
     };
     match result {
         Ok((status, value)) => respond(status, value),
@@ -196,8 +251,12 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
     }
 }
 
-fn ok(v: Value) -> (StatusCode, Option<Value>) {
-    (StatusCode::OK, Some(v))
+fn ok(answer: impl Serialize) -> (StatusCode, Option<Value>) {
+    (StatusCode::OK, Some(to_json(answer)))
+}
+
+fn to_json(answer: impl Serialize) -> Value {
+    serde_json::to_value(answer).expect("wire types serialise to JSON")
 }
 
 async fn populate(registry: &Registry, body: &Bytes) -> Reply {
@@ -212,12 +271,14 @@ async fn populate(registry: &Registry, body: &Bytes) -> Reply {
     });
     match specs {
         Err(e) => error(&e),
-        Ok(specs) => match registry.populate(specs).await {
-            Ok(v) => respond(StatusCode::CREATED, Some(v)),
+        Ok(specs) => match registry.populate_proxies(specs).await {
+            Ok(done) => respond(StatusCode::CREATED, Some(to_json(done))),
             Err((e, done)) => {
-                let mut body = e.body();
-                body["proxies"] = done;
-                respond(status_of(&e), Some(body))
+                let body = ErrorJson {
+                    proxies: Some(done),
+                    ..e.body()
+                };
+                respond(status_of(&e), Some(to_json(body)))
             }
         },
     }
@@ -230,10 +291,7 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            Err(ApiError::new(
-                413,
-                &format!("request body larger than {MAX_BODY} bytes"),
-            ))
+            Err(ApiError::too_large(MAX_BODY))
         }
         Err(e) => Err(ApiError::bad_body(&e.to_string())),
     }
@@ -266,7 +324,7 @@ fn error(e: &ApiError) -> Reply {
     if e.status >= 500 {
         tracing::warn!("control API: {}", e.message);
     }
-    respond(status_of(e), Some(e.body()))
+    respond(status_of(e), Some(to_json(e.body())))
 }
 
 /// Decodes `%XX` escapes in a path segment (proxy and toxic names may hold any character).

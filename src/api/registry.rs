@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::toxics::ToxicEntry;
+use super::wire::{PopulateJson, ProxyJson, ToxicJson};
 use super::ApiError;
 use crate::fault::Direction;
 use crate::link::Engine;
@@ -21,7 +22,7 @@ use crate::proxy::kernel::KernelPath;
 use crate::proxy::{
     Faults, Proxy, ProxyOptions, ProxyStats, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WINDOW,
 };
-use crate::toxic::{Toxic, ToxicKind};
+use crate::toxic::{ProfileAttributes, Toxic, ToxicKind};
 
 /// Where a proxy listens when a request leaves `listen` empty: loopback, a free port (Toxiproxy
 /// would listen on every interface; we are safe by default).
@@ -85,19 +86,13 @@ impl ProxySpec {
                 ))),
             }
         };
-        let missing = |field: &str| {
-            let at = at
-                .map(|i| format!(" at proxy {}", i + 1))
-                .unwrap_or_default();
-            ApiError::new(400, &format!("missing required field: {field}{at}"))
-        };
         let name = text("name")?;
         if name.is_empty() {
-            return Err(missing("name"));
+            return Err(ApiError::missing_field("name", at));
         }
         let upstream = text("upstream")?;
         if upstream.is_empty() {
-            return Err(missing("upstream"));
+            return Err(ApiError::missing_field("upstream", at));
         }
         let listen = match text("listen")? {
             l if l.is_empty() => DEFAULT_LISTEN.to_string(),
@@ -152,10 +147,7 @@ fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEn
                 "" => format!("toxic {}", i + 1),
                 name => format!("toxic {} \"{name}\"", i + 1),
             };
-            ApiError::new(
-                e.status,
-                &format!("{} (proxy \"{proxy}\", {toxic})", e.message),
-            )
+            e.within(&format!("(proxy \"{proxy}\", {toxic})"))
         };
         let given_name = body.get("name").and_then(Value::as_str).unwrap_or_default();
         // Revisions are stamped when the proxy is created.
@@ -163,7 +155,7 @@ fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEn
         let name = entry.toxic.name.clone();
         admits(engine, proxy, &entry.toxic).map_err(|e| within(e, &name))?;
         if toxics.iter().any(|e| e.toxic.name == name) {
-            return Err(within(ApiError::new(409, "toxic already exists"), &name));
+            return Err(within(ApiError::toxic_exists(), &name));
         }
         toxics.push(entry);
     }
@@ -223,10 +215,10 @@ impl Managed {
         }
         let addr = resolve(&self.listen).await?;
         let listener = crate::net::bind(addr)
-            .map_err(|e| ApiError::new(500, &format!("listen tcp {}: {e}", self.listen)))?;
+            .map_err(|e| ApiError::internal(&format!("listen tcp {}: {e}", self.listen)))?;
         let bound = listener
             .local_addr()
-            .map_err(|e| ApiError::new(500, &e.to_string()))?;
+            .map_err(|e| ApiError::internal(&e.to_string()))?;
         self.listen = bound.to_string();
         let proxy = Proxy::with_faults(
             self.upstream.clone(),
@@ -245,7 +237,7 @@ impl Managed {
         );
         let proxy = match self.engine {
             Engine::Kernel => proxy.with_kernel_engine().await.map_err(|e| {
-                ApiError::new(500, &format!("proxy {}: the kernel engine: {e}", self.name))
+                ApiError::internal(&format!("proxy {}: the kernel engine: {e}", self.name))
             })?,
             _ => proxy,
         };
@@ -280,32 +272,32 @@ impl Managed {
         self.toxics
             .iter()
             .position(|e| e.toxic.name == name)
-            .ok_or_else(|| ApiError::new(404, "toxic not found"))
+            .ok_or_else(ApiError::toxic_not_found)
     }
 
     /// Toxics as Toxiproxy lists them: upstream ones first, each direction in order.
-    fn toxics_json(&self) -> Value {
+    fn toxics_wire(&self) -> Vec<ToxicJson> {
         let mut list = Vec::new();
         for d in [Direction::Upstream, Direction::Downstream] {
             list.extend(
                 self.toxics
                     .iter()
                     .filter(|e| e.toxic.stream == d)
-                    .map(ToxicEntry::to_json),
+                    .map(ToxicEntry::to_wire),
             );
         }
-        Value::Array(list)
+        list
     }
 
-    fn to_json(&self) -> Value {
-        json!({
-            "name": self.name,
-            "listen": self.listen,
-            "upstream": self.upstream,
-            "enabled": self.enabled(),
-            "engine": self.engine.as_str(),
-            "toxics": self.toxics_json(),
-        })
+    fn to_wire(&self) -> ProxyJson {
+        ProxyJson {
+            name: self.name.clone(),
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            enabled: self.enabled(),
+            engine: self.engine.as_str().to_string(),
+            toxics: Some(self.toxics_wire()),
+        }
     }
 
     fn admits(&self, toxic: &Toxic) -> Result<(), ApiError> {
@@ -319,7 +311,11 @@ impl Managed {
 /// real link: a toxic there must describe the path and apply to every connection.
 fn admits(engine: Engine, proxy: &str, toxic: &Toxic) -> Result<(), ApiError> {
     if engine != Engine::Kernel {
-        if let ToxicKind::Profile { profile } = &toxic.kind {
+        if let ToxicKind::Profile(ProfileAttributes {
+            settled: Some(profile),
+            ..
+        }) = &toxic.kind
+        {
             let origin = format!("toxic {} on proxy {proxy} (engine model)", toxic.name);
             profile
                 .check_model_engine(&origin)
@@ -351,7 +347,7 @@ fn admits(engine: Engine, proxy: &str, toxic: &Toxic) -> Result<(), ApiError> {
 }
 
 async fn resolve(listen: &str) -> Result<SocketAddr, ApiError> {
-    let fail = |why: String| ApiError::new(500, &format!("listen tcp {listen}: {why}"));
+    let fail = |why: String| ApiError::internal(&format!("listen tcp {listen}: {why}"));
     tokio::net::lookup_host(listen)
         .await
         .map_err(|e| fail(e.to_string()))?
@@ -382,14 +378,12 @@ impl Registry {
     }
 
     /// `GET /proxies`: name → proxy.
-    pub async fn list(&self) -> Value {
+    pub async fn list(&self) -> BTreeMap<String, ProxyJson> {
         let proxies = self.proxies.lock().await;
-        Value::Object(
-            proxies
-                .iter()
-                .map(|(name, p)| (name.clone(), p.to_json()))
-                .collect(),
-        )
+        proxies
+            .iter()
+            .map(|(name, p)| (name.clone(), p.to_wire()))
+            .collect()
     }
 
     /// Gives the spec's toxics revisions of their own, so they draw like any toxic created
@@ -401,26 +395,29 @@ impl Registry {
     }
 
     /// `POST /proxies`: the proxy with its toxics, which are in force before it listens.
-    pub async fn create(&self, mut spec: ProxySpec) -> Result<Value, ApiError> {
+    pub async fn create(&self, mut spec: ProxySpec) -> Result<ProxyJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         if proxies.contains_key(&spec.name) {
-            return Err(ApiError::new(409, "proxy already exists"));
+            return Err(ApiError::proxy_exists());
         }
         self.stamp(&mut spec);
         let mut p = Managed::new(&spec);
         if spec.enabled {
             p.start(&self.options).await?;
         }
-        let json = p.to_json();
+        let wire = p.to_wire();
         proxies.insert(spec.name, p);
-        Ok(json)
+        Ok(wire)
     }
 
     /// `POST /populate`: creates or replaces each proxy; one whose listen and upstream are
     /// unchanged keeps running with its toxics (or the entry's, when it gives `toxics`). On an
     /// error, the proxies done so far stay; bad toxics are refused before any is done, since
     /// every entry is parsed first.
-    pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
+    pub async fn populate_proxies(
+        &self,
+        specs: Vec<ProxySpec>,
+    ) -> Result<PopulateJson, (ApiError, Vec<ProxyJson>)> {
         let mut proxies = self.proxies.lock().await;
         let mut done = Vec::new();
         for mut spec in specs {
@@ -436,12 +433,12 @@ impl Registry {
                     }
                     if spec.enabled {
                         if let Err(e) = existing.start(&self.options).await {
-                            return Err((e, Value::Array(done)));
+                            return Err((e, done));
                         }
                     } else {
                         existing.stop().await;
                     }
-                    done.push(existing.to_json());
+                    done.push(existing.to_wire());
                     continue;
                 }
                 existing.stop().await;
@@ -450,13 +447,24 @@ impl Registry {
             let mut p = Managed::new(&spec);
             if spec.enabled {
                 if let Err(e) = p.start(&self.options).await {
-                    return Err((e, Value::Array(done)));
+                    return Err((e, done));
                 }
             }
-            done.push(p.to_json());
+            done.push(p.to_wire());
             proxies.insert(spec.name, p);
         }
-        Ok(json!({ "proxies": done }))
+        Ok(PopulateJson { proxies: done })
+    }
+
+    /// [`Registry::populate_proxies`] as JSON values, for `faultrig proxy --api`'s proxies
+    /// named on the command line (src/cli/proxy.rs reads them so; it can move to the typed
+    /// answer).
+    pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
+        let json = |v: serde_json::Result<Value>| v.expect("wire types serialise to JSON");
+        match self.populate_proxies(specs).await {
+            Ok(done) => Ok(json(serde_json::to_value(done))),
+            Err((e, done)) => Err((e, json(serde_json::to_value(done)))),
+        }
     }
 
     /// `GET /proxies/{name}/stats` (ours): the proxy's counters since it was created, kept
@@ -467,14 +475,14 @@ impl Registry {
     }
 
     /// `GET /proxies/{name}`.
-    pub async fn get(&self, name: &str) -> Result<Value, ApiError> {
+    pub async fn get(&self, name: &str) -> Result<ProxyJson, ApiError> {
         let proxies = self.proxies.lock().await;
-        Ok(found(proxies.get(name))?.to_json())
+        Ok(found(proxies.get(name))?.to_wire())
     }
 
     /// `POST|PATCH /proxies/{name}`: a partial update. A new listen or upstream restarts the
     /// proxy (its connections close); `enabled` starts or stops it; toxics stay.
-    pub async fn update(&self, name: &str, body: &Value) -> Result<Value, ApiError> {
+    pub async fn update(&self, name: &str, body: &Value) -> Result<ProxyJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let obj = body
@@ -523,15 +531,13 @@ impl Registry {
         } else {
             p.stop().await;
         }
-        Ok(p.to_json())
+        Ok(p.to_wire())
     }
 
     /// `DELETE /proxies/{name}`.
     pub async fn delete(&self, name: &str) -> Result<(), ApiError> {
         let mut proxies = self.proxies.lock().await;
-        let mut p = proxies
-            .remove(name)
-            .ok_or_else(|| ApiError::new(404, "proxy not found"))?;
+        let mut p = proxies.remove(name).ok_or_else(ApiError::proxy_not_found)?;
         p.stop().await;
         Ok(())
     }
@@ -548,9 +554,9 @@ impl Registry {
     }
 
     /// `GET /proxies/{name}/toxics`.
-    pub async fn toxics(&self, name: &str) -> Result<Value, ApiError> {
+    pub async fn toxics(&self, name: &str) -> Result<Vec<ToxicJson>, ApiError> {
         let proxies = self.proxies.lock().await;
-        Ok(found(proxies.get(name))?.toxics_json())
+        Ok(found(proxies.get(name))?.toxics_wire())
     }
 
     /// `POST /proxies/{name}/toxics`; the toxic reaches live connections at once.
@@ -558,25 +564,25 @@ impl Registry {
         &self,
         name: &str,
         body: Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<ToxicJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let entry = ToxicEntry::create(&body?, self.revision())?;
         p.admits(&entry.toxic)?;
         if p.toxics.iter().any(|e| e.toxic.name == entry.toxic.name) {
-            return Err(ApiError::new(409, "toxic already exists"));
+            return Err(ApiError::toxic_exists());
         }
-        let json = entry.to_json();
+        let wire = entry.to_wire();
         p.toxics.push(entry);
         p.publish();
-        Ok(json)
+        Ok(wire)
     }
 
     /// `GET /proxies/{name}/toxics/{toxic}`.
-    pub async fn get_toxic(&self, name: &str, toxic: &str) -> Result<Value, ApiError> {
+    pub async fn get_toxic(&self, name: &str, toxic: &str) -> Result<ToxicJson, ApiError> {
         let proxies = self.proxies.lock().await;
         let p = found(proxies.get(name))?;
-        Ok(p.toxics[p.find_toxic(toxic)?].to_json())
+        Ok(p.toxics[p.find_toxic(toxic)?].to_wire())
     }
 
     /// `POST|PATCH /proxies/{name}/toxics/{toxic}`: omitted attributes keep their values.
@@ -585,16 +591,16 @@ impl Registry {
         name: &str,
         toxic: &str,
         body: Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<ToxicJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let i = p.find_toxic(toxic)?;
         let next = p.toxics[i].update(&body?, self.revision())?;
         p.admits(&next.toxic)?;
-        let json = next.to_json();
+        let wire = next.to_wire();
         p.toxics[i] = next;
         p.publish();
-        Ok(json)
+        Ok(wire)
     }
 
     /// `DELETE /proxies/{name}/toxics/{toxic}`.
@@ -639,11 +645,11 @@ pub struct ProxyMetrics {
     pub name: String,
     pub enabled: bool,
     pub stats: crate::proxy::StatsSnapshot,
-    pub toxics: Vec<(&'static str, Direction)>,
+    pub toxics: Vec<(String, Direction)>,
 }
 
 fn found<T>(p: Option<T>) -> Result<T, ApiError> {
-    p.ok_or_else(|| ApiError::new(404, "proxy not found"))
+    p.ok_or_else(ApiError::proxy_not_found)
 }
 
 /// Whether a requested listen address is the one a proxy has: equal strings, or a request for

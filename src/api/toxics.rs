@@ -1,32 +1,14 @@
 //! Toxics as the API's JSON carries them: `{name, type, stream, toxicity, attributes}`, with
-//! Toxiproxy's attribute names and integer units, turned into [`crate::toxic::Toxic`]s.
+//! Toxiproxy's attribute names and integer units, turned into [`crate::toxic::Toxic`]s. The
+//! types, their attributes and bounds are [`ToxicKind`]'s; this module checks a body against
+//! them with Toxiproxy's messages.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
+use super::wire::ToxicJson;
 use super::ApiError;
 use crate::fault::Direction;
-use crate::profile::{LossProcess, Profile, MAX_PROFILE_DURATION};
-use crate::toxic::{Cidr, Toxic, ToxicKind, MAX_TIMER};
-
-/// The longest a latency or jitter may be: the fault model's bound on any duration (its
-/// retransmission timeout backs off from the round trip up to 2^15 times, in `Duration`s).
-const MAX_MODEL_MS: u64 = MAX_PROFILE_DURATION.as_millis() as u64;
-
-/// The longest a timer toxic (slow_close, timeout, reset_peer) may wait.
-const MAX_TIMER_MS: u64 = MAX_TIMER.as_millis() as u64;
-
-/// The most a bandwidth toxic may allow, in KB/s (800 Gbit/s, past any NIC): `rate × 8000`
-/// bits per second then stays far inside `u64`.
-const MAX_RATE_KB_S: u64 = 100_000_000;
-
-/// The largest slicer piece: above any read the pipe makes, so a larger one would not slice.
-const MAX_SLICE: u64 = 16 << 20;
-
-/// The longest slicer delay between pieces, in µs: a minute per piece.
-const MAX_SLICE_DELAY_US: u64 = 60_000_000;
-
-/// Toxiproxy's attributes are Go `int64`s: `limit_data` can count no further.
-const MAX_BYTES: u64 = i64::MAX as u64;
+use crate::toxic::{Bound, Cidr, Range, Toxic, ToxicKind};
 
 /// The most address blocks one toxic's `clients` may list: a few in practice, and each
 /// connection checks them all whenever the toxics change.
@@ -57,216 +39,75 @@ fn clients(type_name: &str, attributes: &Map<String, Value>) -> Result<Vec<Cidr>
         .collect()
 }
 
-/// What a client may send for one attribute. Create and update both read attributes through
-/// this table only, so a bound is defined once.
-#[derive(Clone, Copy, Debug)]
-struct Attr {
-    name: &'static str,
-    range: Range,
-    /// Another attribute of the same toxic this one may not exceed (size_variation ≤
-    /// average_size).
-    at_most: Option<&'static str>,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Range {
-    /// An integer in `min..=max`, in `unit` (Toxiproxy's integer units).
-    Int {
-        min: u64,
-        max: u64,
-        unit: &'static str,
-    },
-    /// A number in `0..=max` (ours: loss rates), absent unless given.
-    Number { max: f64 },
-    /// Text (ours: a profile's name or file); absent unless given.
-    Text,
-}
-
-const fn int(name: &'static str, min: u64, max: u64, unit: &'static str) -> Attr {
-    Attr {
-        name,
-        range: Range::Int { min, max, unit },
-        at_most: None,
-    }
-}
-
-const fn int_at_most(
-    name: &'static str,
-    max: u64,
-    unit: &'static str,
-    other: &'static str,
-) -> Attr {
-    Attr {
-        name,
-        range: Range::Int { min: 0, max, unit },
-        at_most: Some(other),
-    }
-}
-
-const fn number(name: &'static str, max: f64) -> Attr {
-    Attr {
-        name,
-        range: Range::Number { max },
-        at_most: None,
-    }
-}
-
-const fn text(name: &'static str) -> Attr {
-    Attr {
-        name,
-        range: Range::Text,
-        at_most: None,
-    }
-}
-
-/// Every toxic type with its attributes and their bounds. An integer attribute left out means
-/// 0, as in Toxiproxy, and must then be allowed to be 0.
-const TYPES: &[(&str, &[Attr])] = &[
-    (
-        "latency",
-        &[
-            int("latency", 0, MAX_MODEL_MS, "ms"),
-            // A jitter wider than the latency is accepted, as Toxiproxy accepts it: the delay
-            // is clipped at zero (so its mean is then above the latency asked for).
-            int("jitter", 0, MAX_MODEL_MS, "ms"),
-        ],
-    ),
-    // Toxiproxy takes rate 0 (and a missing rate) as no limit at all: refused here, since a
-    // bandwidth toxic that limits nothing is a mistake, most often a hoped-for "stop".
-    ("bandwidth", &[int("rate", 1, MAX_RATE_KB_S, "KB/s")]),
-    ("slow_close", &[int("delay", 0, MAX_TIMER_MS, "ms")]),
-    ("timeout", &[int("timeout", 0, MAX_TIMER_MS, "ms")]),
-    ("reset_peer", &[int("timeout", 0, MAX_TIMER_MS, "ms")]),
-    (
-        "slicer",
-        &[
-            // Toxiproxy recurses without end on an average_size of 0, and cuts out of bounds
-            // (a panic) when size_variation exceeds average_size.
-            int("average_size", 1, MAX_SLICE, "bytes"),
-            int_at_most("size_variation", MAX_SLICE, "bytes", "average_size"),
-            int("delay", 0, MAX_SLICE_DELAY_US, "µs"),
-        ],
-    ),
-    ("limit_data", &[int("bytes", 0, MAX_BYTES, "bytes")]),
-    ("noop", &[]),
-    // Ours. `loss`: `percent` (so Toxiproxy's clients can read it back) or `probability`;
-    // Gilbert–Elliott with `p` and `r` (and optional `h`, `k`) as in profiles.
-    (
-        "loss",
-        &[
-            number("percent", 100.0),
-            number("probability", 1.0),
-            number("p", 1.0),
-            number("r", 1.0),
-            number("h", 1.0),
-            number("k", 1.0),
-        ],
-    ),
-    (
-        "syn_loss",
-        &[number("percent", 100.0), number("probability", 1.0)],
-    ),
-    ("profile", &[text("profile"), text("toml")]),
-    ("handshake", &[]),
-];
-
-/// The attributes of `type_name`, read and checked against [`TYPES`].
+/// Attributes checked against their type's [`ToxicKind::bounds`].
 struct Checked<'a> {
     type_name: &'a str,
-    table: &'static [Attr],
     given: &'a Map<String, Value>,
 }
 
-impl<'a> Checked<'a> {
-    fn new(type_name: &'a str, given: &'a Map<String, Value>) -> Result<Checked<'a>, ApiError> {
-        let table = TYPES
-            .iter()
-            .find(|(t, _)| *t == type_name)
-            .map(|(_, a)| *a)
-            .ok_or_else(|| ApiError::new(400, "invalid toxic type"))?;
-        let checked = Checked {
-            type_name,
-            table,
-            given,
-        };
-        // Every bound checked up front, whether or not the type reads the attribute.
-        for attr in table {
-            checked.read(attr)?;
-        }
-        Ok(checked)
-    }
-
-    fn attr(&self, name: &str) -> &'static Attr {
-        self.table
-            .iter()
-            .find(|a| a.name == name)
-            .expect("the toxic types read only attributes their table lists")
-    }
-
-    fn bad(&self, attr: &Attr, v: &Value) -> ApiError {
-        let allowed = match attr.range {
+impl Checked<'_> {
+    fn bad(&self, bound: &Bound, v: &Value) -> ApiError {
+        let allowed = match bound.range {
             Range::Int { min, max, unit } => {
                 format!("an integer from {min} to {max} ({unit})")
             }
             Range::Number { max } => format!("a number from 0 to {max}"),
             Range::Text => "a string".to_string(),
         };
-        let limit = attr
+        let limit = bound
             .at_most
             .map(|o| format!(", at most {o}"))
             .unwrap_or_default();
         ApiError::bad_body(&format!(
             "attribute {} of a {} toxic must be {allowed}{limit}, got {v}",
-            attr.name, self.type_name
+            bound.name, self.type_name
         ))
     }
 
-    /// One attribute as given (`None` when absent or null), in its bounds.
-    fn read(&self, attr: &Attr) -> Result<Option<f64>, ApiError> {
-        let v = match self.given.get(attr.name) {
-            None | Some(Value::Null) => return Ok(None),
-            Some(v) => v,
-        };
-        let n = match (attr.range, v) {
-            (Range::Text, Value::String(_)) => return Ok(None),
+    /// One attribute in its bounds; absent or null is 0 for an integer (Toxiproxy's zero
+    /// default), so an integer whose bounds exclude 0 is required.
+    fn check(&self, bound: &Bound) -> Result<(), ApiError> {
+        let v = self.given.get(bound.name).unwrap_or(&Value::Null);
+        let n = match (bound.range, v) {
+            (Range::Int { min: 0, .. } | Range::Number { .. } | Range::Text, Value::Null) => {
+                return Ok(())
+            }
+            (Range::Text, Value::String(_)) => return Ok(()),
             (Range::Int { min, max, .. }, _) => match v.as_u64() {
                 Some(n) if (min..=max).contains(&n) => n as f64,
-                _ => return Err(self.bad(attr, v)),
+                _ => return Err(self.bad(bound, v)),
             },
             (Range::Number { max }, _) => match v.as_f64() {
                 Some(n) if (0.0..=max).contains(&n) => n,
-                _ => return Err(self.bad(attr, v)),
+                _ => return Err(self.bad(bound, v)),
             },
-            (Range::Text, _) => return Err(self.bad(attr, v)),
+            (Range::Text, _) => return Err(self.bad(bound, v)),
         };
-        if let Some(other) = attr.at_most {
-            let limit = self.int(other);
+        if let Some(other) = bound.at_most {
+            let limit = self.given.get(other).and_then(Value::as_u64).unwrap_or(0);
             if n > limit as f64 {
-                return Err(self.bad(attr, v));
+                return Err(self.bad(bound, v));
             }
         }
-        Ok(Some(n))
+        Ok(())
     }
+}
 
-    /// An integer attribute; absent means 0 (Toxiproxy's zero default) unless 0 is out of its
-    /// bounds, which makes it required.
-    fn int(&self, name: &str) -> u64 {
-        self.given.get(name).and_then(Value::as_u64).unwrap_or(0)
+/// The kind `type_name` and `attributes` describe, every bound checked and its meaning
+/// settled. Errors carry Toxiproxy's messages and codes.
+fn kind_of(type_name: &str, attributes: &Map<String, Value>) -> Result<ToxicKind, ApiError> {
+    let empty = ToxicKind::empty(type_name).ok_or_else(ApiError::invalid_toxic_type)?;
+    let checked = Checked {
+        type_name,
+        given: attributes,
+    };
+    for bound in empty.bounds() {
+        checked.check(bound)?;
     }
-
-    /// An integer attribute, present or required.
-    fn required_int(&self, name: &str) -> Result<u64, ApiError> {
-        let attr = self.attr(name);
-        match (self.read(attr)?, attr.range) {
-            (Some(n), _) => Ok(n as u64),
-            (None, Range::Int { min: 0, .. }) => Ok(0),
-            (None, _) => Err(self.bad(attr, &Value::Null)),
-        }
-    }
-
-    fn number(&self, name: &str) -> Result<Option<f64>, ApiError> {
-        self.read(self.attr(name))
-    }
+    let mut kind =
+        ToxicKind::join(type_name, attributes).map_err(|e| ApiError::bad_body(&e.to_string()))?;
+    kind.settle().map_err(|e| ApiError::bad_body(&e))?;
+    Ok(kind)
 }
 
 /// A toxic with the attributes it was given (kept so partial updates merge over them).
@@ -284,7 +125,7 @@ impl ToxicEntry {
             .as_object()
             .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
         let stream_text = match obj.get("stream") {
-            None | Some(Value::Null) => "downstream".to_string(),
+            None | Some(Value::Null) => Direction::Downstream.as_str().to_string(),
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(ApiError::invalid_stream()),
         };
@@ -300,8 +141,8 @@ impl ToxicEntry {
             }
             Some(_) => return Err(ApiError::bad_body("name must be a string")),
         };
-        if !TYPES.iter().any(|(t, _)| *t == kind_name) {
-            return Err(ApiError::new(400, "invalid toxic type"));
+        if ToxicKind::empty(&kind_name).is_none() {
+            return Err(ApiError::invalid_toxic_type());
         }
         let toxicity = match obj.get("toxicity") {
             None | Some(Value::Null) => 1.0,
@@ -346,35 +187,21 @@ impl ToxicEntry {
             Some(_) => return Err(ApiError::bad_body("attributes must be an object")),
         }
         let type_name = self.toxic.kind.type_name();
-        next.toxic.kind = kind_of(type_name, &next.attributes)?;
-        next.toxic.clients = clients(type_name, &next.attributes)?;
+        next.toxic.kind = kind_of(&type_name, &next.attributes)?;
+        next.toxic.clients = clients(&type_name, &next.attributes)?;
         next.toxic.revision = revision;
         Ok(next)
     }
 
-    /// The toxic's JSON: every attribute of its type present (0 when never given), as
-    /// Toxiproxy answers.
-    pub fn to_json(&self) -> Value {
-        let type_name = self.toxic.kind.type_name();
-        let mut attributes = Map::new();
-        if let Some((_, table)) = TYPES.iter().find(|(t, _)| *t == type_name) {
-            for attr in table
-                .iter()
-                .filter(|a| matches!(a.range, Range::Int { .. }))
-            {
-                attributes.insert(attr.name.to_string(), json!(0));
-            }
-        }
+    /// The toxic on the wire: every attribute of its type present (0 when never given), as
+    /// Toxiproxy answers, and whatever else was given as it was given.
+    pub fn to_wire(&self) -> ToxicJson {
+        let mut wire = ToxicJson::new(&self.toxic.name, self.toxic.stream, &self.toxic.kind);
+        wire.toxicity = self.toxic.toxicity;
         for (k, v) in &self.attributes {
-            attributes.insert(k.clone(), v.clone());
+            wire.attributes.insert(k.clone(), v.clone());
         }
-        json!({
-            "name": self.toxic.name,
-            "type": type_name,
-            "stream": self.toxic.stream.as_str(),
-            "toxicity": self.toxic.toxicity,
-            "attributes": attributes,
-        })
+        wire
     }
 }
 
@@ -395,104 +222,12 @@ fn toxicity(v: &Value) -> Result<f32, ApiError> {
     }
 }
 
-/// `probability` (0..1) or `percent` (0..100): the loss rate of `loss` and `syn_loss`.
-fn rate(a: &Checked) -> Result<Option<f64>, ApiError> {
-    match (a.number("probability")?, a.number("percent")?) {
-        (Some(_), Some(_)) => Err(ApiError::bad_body("give probability or percent, not both")),
-        (p, q) => Ok(p.or(q.map(|q| q / 100.0))),
-    }
-}
-
-fn kind_of(type_name: &str, attributes: &Map<String, Value>) -> Result<ToxicKind, ApiError> {
-    let a = Checked::new(type_name, attributes)?;
-    Ok(match type_name {
-        "latency" => ToxicKind::Latency {
-            latency_ms: a.required_int("latency")?,
-            jitter_ms: a.required_int("jitter")?,
-        },
-        "bandwidth" => ToxicKind::Bandwidth {
-            rate_kb_s: a.required_int("rate")?,
-        },
-        "slow_close" => ToxicKind::SlowClose {
-            delay_ms: a.required_int("delay")?,
-        },
-        "timeout" => ToxicKind::Timeout {
-            timeout_ms: a.required_int("timeout")?,
-        },
-        "reset_peer" => ToxicKind::ResetPeer {
-            timeout_ms: a.required_int("timeout")?,
-        },
-        "slicer" => ToxicKind::Slicer {
-            average_size: a.required_int("average_size")?,
-            size_variation: a.required_int("size_variation")?,
-            delay_us: a.required_int("delay")?,
-        },
-        "limit_data" => ToxicKind::LimitData {
-            bytes: a.required_int("bytes")?,
-        },
-        "noop" => ToxicKind::Noop,
-        "handshake" => ToxicKind::Handshake,
-        "loss" => {
-            let loss = match (a.number("p")?, a.number("r")?) {
-                (Some(p), Some(r)) => LossProcess::GilbertElliott {
-                    p,
-                    r,
-                    h: a.number("h")?.unwrap_or(0.0),
-                    k: a.number("k")?.unwrap_or(1.0),
-                    step: None,
-                },
-                (None, None) => match rate(&a)? {
-                    Some(p) => LossProcess::Bernoulli { p },
-                    None => {
-                        return Err(ApiError::bad_body(
-                            "loss needs percent or probability (or Gilbert-Elliott p and r)",
-                        ))
-                    }
-                },
-                _ => {
-                    return Err(ApiError::bad_body(
-                        "Gilbert-Elliott loss needs both p and r",
-                    ))
-                }
-            };
-            ToxicKind::Loss { loss }
-        }
-        "syn_loss" => ToxicKind::SynLoss {
-            probability: rate(&a)?
-                .ok_or_else(|| ApiError::bad_body("syn_loss needs percent or probability"))?,
-        },
-        "profile" => {
-            // A built-in profile by name, or a whole profile file's text (how a remote run sends
-            // a profile the proxy host does not have).
-            let profile = match (attributes.get("profile"), attributes.get("toml")) {
-                (Some(Value::String(name)), None) => Profile::builtin(name).ok_or_else(|| {
-                    ApiError::bad_body(&format!(
-                        "unknown profile \"{name}\" (use {})",
-                        Profile::builtin_names().collect::<Vec<_>>().join(", ")
-                    ))
-                })?,
-                (None, Some(Value::String(text))) => {
-                    Profile::parse(text, "profile toxic attribute toml", "custom")
-                        .map_err(|e| ApiError::bad_body(&e.to_string()))?
-                }
-                _ => {
-                    return Err(ApiError::bad_body(
-                        "profile needs attribute profile (a built-in profile name) or toml \
-                         (a profile file's text)",
-                    ))
-                }
-            };
-            ToxicKind::Profile {
-                profile: Box::new(profile),
-            }
-        }
-        _ => return Err(ApiError::new(400, "invalid toxic type")),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::LossProcess;
+    use crate::toxic::ProfileAttributes;
+    use serde_json::json;
 
     #[test]
     fn defaults_and_partial_updates_follow_toxiproxy() {
@@ -505,7 +240,7 @@ mod tests {
         assert_eq!(e.toxic.stream, Direction::Downstream);
         assert_eq!(e.toxic.toxicity, 1.0);
         assert_eq!(
-            e.to_json()["attributes"],
+            Value::Object(e.to_wire().attributes),
             json!({"latency": 100, "jitter": 0})
         );
         let u = e.update(&json!({"attributes": {"jitter": 5}}), 2).unwrap();
@@ -530,7 +265,11 @@ mod tests {
             0,
         )
         .unwrap();
-        let ToxicKind::Profile { profile } = &e.toxic.kind else {
+        let ToxicKind::Profile(ProfileAttributes {
+            settled: Some(profile),
+            ..
+        }) = &e.toxic.kind
+        else {
             panic!("{:?}", e.toxic.kind)
         };
         assert_eq!(profile.name, "mine");
@@ -581,11 +320,9 @@ mod tests {
             up.toxic.name, "loss_UPSTREAM",
             "the stream as sent, like Toxiproxy"
         );
-        assert_eq!(
-            up.toxic.kind,
-            ToxicKind::Loss {
-                loss: LossProcess::Bernoulli { p: 0.01 }
-            }
-        );
+        let ToxicKind::Loss(loss) = &up.toxic.kind else {
+            panic!("{:?}", up.toxic.kind)
+        };
+        assert_eq!(loss.process(), Ok(LossProcess::Bernoulli { p: 0.01 }));
     }
 }

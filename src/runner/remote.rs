@@ -13,23 +13,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use http::Method;
-use serde_json::{json, Value};
 
 use super::Probe;
-use crate::api::client::{self, ClientError};
+use crate::api::client::{Client, ClientError};
+use crate::api::wire::{ProxyJson, ToxicJson};
+use crate::api::ApiError;
 use crate::experiment::{Cell, Experiment, Remote};
+use crate::fault::Direction;
 use crate::flavour::{Flavour, WireCounters};
 use crate::proxy::StatsSnapshot;
+use crate::toxic::{ProfileAttributes, ToxicKind};
 use crate::workload::{Generator, Workload};
 
 /// How long the first call through each proxy may take before its server counts as unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Names of the two toxics that carry a cell's profile.
-const PROFILE_TOXICS: [(&str, &str); 2] = [
-    ("faultrig-profile-up", "upstream"),
-    ("faultrig-profile-down", "downstream"),
+const PROFILE_TOXICS: [(&str, Direction); 2] = [
+    ("faultrig-profile-up", Direction::Upstream),
+    ("faultrig-profile-down", Direction::Downstream),
 ];
 
 pub struct RemoteTargets {
@@ -40,10 +42,9 @@ pub struct RemoteTargets {
 
 /// The proxy host's control API, as this run uses it.
 struct Api {
-    /// `HOST:PORT`.
-    addr: String,
+    client: Client,
     /// The `profile` toxic attributes of each of the experiment's profiles.
-    profile_toxics: Vec<Value>,
+    profile_toxics: Vec<ProfileAttributes>,
 }
 
 struct RemoteProxy {
@@ -61,25 +62,24 @@ struct RemoteProxy {
 impl RemoteTargets {
     pub async fn start(exp: &Experiment, remote: &Remote) -> anyhow::Result<RemoteTargets> {
         let api = remote.api.clone();
-        let version = client::request(&api, Method::GET, "/version", None)
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "{e}: is `faultrig proxy --api {api}` running on the proxy host, and the \
-                     port open to this host?"
-                )
-            })?;
-        if !version["version"]
-            .as_str()
-            .is_some_and(|v| v.contains("faultrig"))
-        {
-            bail!(
-                "the control API at {api} is not faultrig's (version {}): a remote run needs \
-                 `faultrig proxy --api` for its profile toxics",
-                version["version"]
-            );
+        let client = Client::new(&api);
+        let not_ours = |version: &str| {
+            anyhow!(
+                "the control API at {api} is not faultrig's (version {version}): a remote run \
+                 needs `faultrig proxy --api` for its profile toxics"
+            )
+        };
+        match client.version().await {
+            Ok(version) if version.contains("faultrig") => {}
+            Ok(version) => return Err(not_ours(&version)),
+            // Older Toxiproxy answers its version as plain text, not JSON.
+            Err(e @ ClientError::Unexpected { .. }) => return Err(not_ours(&e.to_string())),
+            Err(e) => bail!(
+                "{e}: is `faultrig proxy --api {api}` running on the proxy host, and the port \
+                 open to this host?"
+            ),
         }
-        let specs: Vec<Value> = exp
+        let specs: Vec<ProxyJson> = exp
             .flavours
             .iter()
             .zip(&remote.servers)
@@ -89,22 +89,19 @@ impl RemoteTargets {
                     0 => 0,
                     first => first + i as u16,
                 };
-                json!({
-                    "name": proxy_name(*f),
-                    "listen": format!("{}:{port}", remote.listen_host),
-                    "upstream": server,
-                    "enabled": true,
-                })
+                let listen = format!("{}:{port}", remote.listen_host);
+                ProxyJson::new(&proxy_name(*f), &listen, server)
             })
             .collect();
-        client::request(&api, Method::POST, "/populate", Some(&Value::Array(specs)))
+        client
+            .populate(&specs)
             .await
             .with_context(|| format!("create the proxies through the control API at {api}"))?;
         let api_host = crate::net::split_host_port(&api)
             .map(|(h, _)| h.to_string())
             .map_err(|e| anyhow!(e))?;
         let api = Api {
-            addr: api,
+            client,
             profile_toxics: remote.profile_toxics.clone(),
         };
         let mut proxies = Vec::new();
@@ -167,10 +164,13 @@ impl Api {
         api_host: &str,
     ) -> anyhow::Result<RemoteProxy> {
         let name = proxy_name(flavour);
-        let proxy = self.get(&format!("/proxies/{name}")).await?;
-        let listen = proxy["listen"].as_str().unwrap_or_default();
+        let proxy = self
+            .client
+            .proxy(&name)
+            .await
+            .with_context(|| format!("proxy {name}"))?;
         let mut p = RemoteProxy {
-            addr: reachable(listen, api_host)?,
+            addr: reachable(&proxy.listen, api_host)?,
             name,
             server: server.to_string(),
             profile: None,
@@ -191,23 +191,16 @@ impl Api {
     /// Deletes proxies (best effort: the proxy host may be gone).
     async fn remove(&self, names: impl Iterator<Item = String>) {
         for name in names {
-            let path = format!("/proxies/{name}");
-            match client::request(&self.addr, Method::DELETE, &path, None).await {
-                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+            match self.client.delete(&name).await {
+                Ok(()) => {}
+                Err(e) if e.is(&ApiError::proxy_not_found()) => {}
                 Err(e) => tracing::warn!("remove proxy {name}: {e}"),
             }
         }
     }
 
-    async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        client::request(&self.addr, Method::GET, path, None)
-            .await
-            .with_context(|| format!("GET {path}"))
-    }
-
     async fn stats(&self, name: &str) -> Option<StatsSnapshot> {
-        let read = self.get(&format!("/proxies/{name}/stats")).await;
-        match read.and_then(|v| serde_json::from_value(v).map_err(Into::into)) {
+        match self.client.stats(name).await {
             Ok(stats) => Some(stats),
             Err(e) => {
                 tracing::warn!("proxy {name}: counters unavailable: {e:#}");
@@ -224,17 +217,11 @@ impl Api {
             self.delete_toxic(&p.name, toxic).await?;
         }
         for (toxic, stream) in PROFILE_TOXICS {
-            let body = json!({
-                "name": toxic,
-                "type": "profile",
-                "stream": stream,
-                "toxicity": 1.0,
-                "attributes": self.profile_toxics[profile],
-            });
-            let path = format!("/proxies/{}/toxics", p.name);
-            client::request(&self.addr, Method::POST, &path, Some(&body))
+            let kind = ToxicKind::Profile(self.profile_toxics[profile].clone());
+            self.client
+                .add_toxic(&p.name, &ToxicJson::new(toxic, stream, &kind))
                 .await
-                .with_context(|| format!("POST {path}"))?;
+                .with_context(|| format!("add toxic {toxic} to proxy {}", p.name))?;
         }
         p.profile = Some(profile);
         Ok(())
@@ -242,21 +229,23 @@ impl Api {
 
     /// Removes every toxic of the proxy.
     async fn clear_toxics(&self, p: &RemoteProxy) -> anyhow::Result<()> {
-        let toxics = self.get(&format!("/proxies/{}/toxics", p.name)).await?;
-        for t in toxics.as_array().into_iter().flatten() {
-            if let Some(toxic) = t["name"].as_str() {
-                self.delete_toxic(&p.name, toxic).await?;
-            }
+        let toxics = self
+            .client
+            .toxics(&p.name)
+            .await
+            .with_context(|| format!("the toxics of proxy {}", p.name))?;
+        for t in toxics {
+            self.delete_toxic(&p.name, &t.name).await?;
         }
         Ok(())
     }
 
     /// Deletes one toxic; one already gone is fine.
     async fn delete_toxic(&self, proxy: &str, toxic: &str) -> anyhow::Result<()> {
-        let path = format!("/proxies/{proxy}/toxics/{}", encode(toxic));
-        match client::request(&self.addr, Method::DELETE, &path, None).await {
-            Ok(_) | Err(ClientError::Api { status: 404, .. }) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("DELETE {path}")),
+        match self.client.delete_toxic(proxy, toxic).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is(&ApiError::toxic_not_found()) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("delete toxic {toxic} of proxy {proxy}")),
         }
     }
 
@@ -327,11 +316,6 @@ fn reachable(listen: &str, api_host: &str) -> anyhow::Result<String> {
     } else {
         listen.to_string()
     })
-}
-
-/// A toxic name as one path segment.
-fn encode(name: &str) -> String {
-    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[cfg(test)]

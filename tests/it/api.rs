@@ -7,8 +7,11 @@ use std::net::{TcpListener as StdListener, TcpStream as StdStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use faultrig::api::client::{request, ClientError};
+use faultrig::api::client::{self, request, ClientError};
+use faultrig::api::wire::{ProxyJson, ToxicJson, ToxicUpdate};
 use faultrig::api::{Registry, RegistryOptions};
+use faultrig::fault::Direction;
+use faultrig::toxic::{LossAttributes, Rate, ToxicKind};
 use http::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -87,17 +90,21 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
     assert!(rtt >= Duration::from_millis(150), "{rtt:?}");
     assert!(rtt < Duration::from_secs(2), "{rtt:?}");
 
-    // Updated: the client has no update call, so over the API itself; same connection.
+    // Updated: the crate has no update call, so through ours; same connection.
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let ours = client::Client::new(&api.addr);
+    let mut latency = ToxicUpdate::default();
+    latency.attributes.insert("latency".into(), json!(400));
     let updated = rt
-        .block_on(request(
-            &api.addr,
-            Method::PATCH,
-            "/proxies/echo/toxics/latency_downstream",
-            Some(&json!({"attributes": {"latency": 400}})),
-        ))
+        .block_on(ours.update_toxic("echo", "latency_downstream", &latency))
         .unwrap();
-    assert_eq!(updated["attributes"], json!({"latency": 400, "jitter": 0}));
+    assert_eq!(
+        updated.kind(),
+        Some(ToxicKind::Latency {
+            latency_ms: 400,
+            jitter_ms: 0
+        })
+    );
     let rtt = ping(&mut conn);
     assert!(rtt >= Duration::from_millis(400), "{rtt:?}");
     // And through the client: delete all, add a smaller one.
@@ -109,20 +116,20 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
         "{rtt:?}"
     );
 
-    // Our loss toxic (through the API; the crate has no helper for it): stalls, counted.
-    rt.block_on(request(
-        &api.addr,
-        Method::POST,
-        "/proxies/echo/toxics",
-        Some(&json!({"type": "loss", "stream": "upstream", "attributes": {"percent": 30}})),
-    ))
-    .unwrap();
+    // Our loss toxic (the crate has no helper for it): stalls, counted.
+    let loss = ToxicKind::Loss(LossAttributes {
+        rate: Rate {
+            percent: Some(30.0),
+            probability: None,
+        },
+        ..LossAttributes::default()
+    });
+    let toxic = ToxicJson::new("loss_upstream", Direction::Upstream, &loss);
+    rt.block_on(ours.add_toxic("echo", &toxic)).unwrap();
     for _ in 0..40 {
         ping(&mut conn);
     }
-    let metrics = rt
-        .block_on(faultrig::api::client::get_text(&api.addr, "/metrics"))
-        .unwrap();
+    let metrics = rt.block_on(ours.metrics_text()).unwrap();
     let stalls: u64 = metrics
         .lines()
         .find(|l| {
@@ -161,6 +168,7 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
 /// An API in this process on a free port; stopped on drop.
 pub struct TestApi {
     pub addr: String,
+    pub client: client::Client,
     _served: Served,
 }
 
@@ -172,6 +180,7 @@ pub async fn start_api() -> TestApi {
     }));
     TestApi {
         addr: addr.to_string(),
+        client: client::Client::new(&addr.to_string()),
         _served: Served::spawn(l, |l, stop| faultrig::api::run(l, registry, stop)).unwrap(),
     }
 }
@@ -193,17 +202,11 @@ impl TestApi {
 
     /// Creates proxy `name` in front of `upstream`; returns its bound address.
     pub async fn proxy(&self, name: &str, upstream: &str) -> String {
-        let p = self
-            .call(
-                Method::POST,
-                "/proxies",
-                Some(json!({"name": name, "upstream": upstream, "listen": "127.0.0.1:0"})),
-            )
-            .await
-            .unwrap();
-        p["listen"].as_str().unwrap().to_string()
+        let p = ProxyJson::new(name, "127.0.0.1:0", upstream);
+        self.client.create(&p).await.unwrap().listen
     }
 
+    /// Adds a toxic as Toxiproxy's clients send it, JSON as they write it.
     pub async fn toxic(&self, proxy: &str, body: Value) -> Value {
         self.call(
             Method::POST,
@@ -223,9 +226,7 @@ impl TestApi {
     }
 
     async fn metric(&self, line_prefix: &str) -> u64 {
-        let text = faultrig::api::client::get_text(&self.addr, "/metrics")
-            .await
-            .unwrap();
+        let text = self.client.metrics_text().await.unwrap();
         text.lines()
             .find(|l| l.starts_with(line_prefix))
             .unwrap_or_else(|| panic!("no {line_prefix} in\n{text}"))

@@ -183,11 +183,11 @@ async fn startup_config_toxics_are_in_force_from_the_first_connection() {
         .to_string();
     let took = first_exchange(&api.addr).await;
     assert!(took >= Duration::from_millis(300), "both toxics: {took:?}");
-    let toxics =
-        faultrig::api::client::request(&control, Method::GET, "/proxies/slow/toxics", None)
-            .await
-            .unwrap();
-    assert_eq!(toxics.as_array().unwrap().len(), 2, "{toxics}");
+    let toxics = faultrig::api::client::Client::new(&control)
+        .toxics("slow")
+        .await
+        .unwrap();
+    assert_eq!(toxics.len(), 2, "{toxics:?}");
 
     let bad = dir.path().join("bad.json");
     std::fs::write(

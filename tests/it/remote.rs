@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
+use faultrig::api::client::Client;
+use faultrig::api::wire::ProxyJson;
 use faultrig::report::{RoundSummary, Table};
 use faultrig::results::Row;
-use serde_json::Value;
 
 use crate::util::*;
 
@@ -27,18 +28,13 @@ fn remote_table(api: &str, flavours: &[&str], servers: &[Listening]) -> String {
     t
 }
 
-fn api_get(api: &str, path: &str) -> Value {
+/// The proxies the API at `api` holds.
+fn proxies(api: &str) -> std::collections::BTreeMap<String, ProxyJson> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(faultrig::api::client::request(
-        api,
-        http::Method::GET,
-        path,
-        None,
-    ))
-    .unwrap()
+    rt.block_on(Client::new(api).proxies()).unwrap()
 }
 
 #[test]
@@ -94,7 +90,7 @@ fn a_remote_run_drives_the_proxy_host_through_its_api() {
         .sum();
     assert_eq!(clean_stalls, 0);
     // The run removed its proxies from the proxy host.
-    assert_eq!(api_get(&api.addr, "/proxies"), serde_json::json!({}));
+    assert!(proxies(&api.addr).is_empty());
 }
 
 /// `faultrig run` of `experiment` expected to fail: its exit code, stderr, and how long it took.

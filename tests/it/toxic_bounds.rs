@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use faultrig::api::client::{request, ClientError};
+use faultrig::api::client::{request, Client, ClientError};
 use http::Method;
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -320,10 +320,8 @@ async fn every_out_of_bounds_attribute_is_refused_on_create_and_update() {
         assert!(message.contains(key), "{toml}: {message}");
     }
     // Nothing bad was kept: only the one valid latency toxic.
-    let toxics = request(a, Method::GET, "/proxies/b/toxics", None)
-        .await
-        .unwrap();
-    assert_eq!(toxics.as_array().unwrap().len(), 1, "{toxics}");
+    let toxics = Client::new(a).toxics("b").await.unwrap();
+    assert_eq!(toxics.len(), 1, "{toxics:?}");
 }
 
 /// What a connection under the largest accepted values must do.
