@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::socket::{read_some, reset_and_abort, shutdown_write, write_all};
+use super::socket::{forward_some, reset_and_abort, shutdown_write, write_all, Forwarded};
 use super::Ends;
 use crate::proxy::DirectionStats;
 use crate::toxic::Toxic;
@@ -160,33 +160,43 @@ async fn copy(
     stop: impl Interrupt,
 ) -> Copied {
     loop {
-        let Some(read) = stop.unless(std::pin::pin!(read_some(src))).await else {
+        // Stopped while waiting for data, nothing is held: every byte read so far went on.
+        let Some(step) = stop.unless(std::pin::pin!(forward_some(src, dst))).await else {
             return Copied::Stopped(Bytes::new());
         };
-        match read {
-            Ok(Some(mut bytes)) => {
-                let len = bytes.len();
-                let wrote = stop
-                    .unless(std::pin::pin!(write_all(dst, &mut bytes)))
-                    .await;
-                stats
-                    .bytes
-                    .fetch_add((len - bytes.len()) as u64, Ordering::Relaxed);
-                match wrote {
-                    None => return Copied::Stopped(bytes),
-                    Some(Ok(())) => {}
-                    Some(Err(_)) => {
-                        reset_and_abort(src, abort);
-                        return Copied::Aborted;
-                    }
-                }
+        let mut rest = match step {
+            Ok(Forwarded::Passed(n)) => {
+                stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                continue;
             }
-            Ok(None) => {
+            Ok(Forwarded::Left { passed, rest }) => {
+                stats.bytes.fetch_add(passed as u64, Ordering::Relaxed);
+                rest
+            }
+            Ok(Forwarded::End) => {
                 shutdown_write(dst);
                 return Copied::Finished;
             }
+            Ok(Forwarded::WriteFailed) => {
+                reset_and_abort(src, abort);
+                return Copied::Aborted;
+            }
             Err(_) => {
                 reset_and_abort(dst, abort);
+                return Copied::Aborted;
+            }
+        };
+        // The destination is full: wait for it, stoppable, with what is left.
+        let len = rest.len();
+        let wrote = stop.unless(std::pin::pin!(write_all(dst, &mut rest))).await;
+        stats
+            .bytes
+            .fetch_add((len - rest.len()) as u64, Ordering::Relaxed);
+        match wrote {
+            None => return Copied::Stopped(rest),
+            Some(Ok(())) => {}
+            Some(Err(_)) => {
+                reset_and_abort(src, abort);
                 return Copied::Aborted;
             }
         }

@@ -39,25 +39,68 @@ fn read_clearing<T>(
     }
 }
 
-/// Waits for data and reads one chunk: `Ok(None)` at end of stream. The buffer is allocated only
-/// once the socket is readable, and small reads are copied out so a queued chunk never pins a
-/// mostly empty allocation.
-pub(super) async fn read_some(src: &TcpStream) -> io::Result<Option<Bytes>> {
+/// What one [`forward_some`] did.
+pub(super) enum Forwarded {
+    /// The source's end of stream.
+    End,
+    /// Read, and every byte taken by the destination at once: this many.
+    Passed(usize),
+    /// Read, but the destination took only `passed` bytes: `rest` is still to be written.
+    Left { passed: usize, rest: Bytes },
+    /// The destination refused the write: its peer is gone.
+    WriteFailed,
+}
+
+/// Waits for data on `src`, reads one chunk into this thread's scratch buffer, and writes it to
+/// `dst` at once. The common case, a message the destination takes whole, allocates nothing; only
+/// what it could not take is copied out (and is then the caller's to write). An error is the
+/// source's: it reset, or reading failed.
+pub(super) async fn forward_some(src: &TcpStream, dst: &TcpStream) -> io::Result<Forwarded> {
+    thread_local! {
+        // One per worker thread, not per connection: idle connections hold no buffer, and a
+        // busy one no longer pays an allocation (and a copy for small reads) per read.
+        static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+            std::cell::RefCell::new(vec![0; READ_CHUNK].into_boxed_slice());
+    }
     loop {
         src.readable().await?;
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        match read_clearing(src, READ_CHUNK, || Ok((src.try_read_buf(&mut buf)?, ()))) {
-            Ok((0, ())) => return Ok(None),
-            Ok((n, ())) if n < READ_CHUNK / 2 => return Ok(Some(Bytes::copy_from_slice(&buf))),
-            Ok(_) => return Ok(Some(buf.freeze())),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        // Synchronous from the read to the write: the buffer is never held across an await.
+        let step = SCRATCH.with_borrow_mut(|buf| {
+            let n = match read_clearing(src, READ_CHUNK, || Ok((src.try_read(buf)?, ()))) {
+                Ok((0, ())) => return Ok(Some(Forwarded::End)),
+                Ok((n, ())) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let passed = match dst.try_write(&buf[..n]) {
+                Ok(passed) => passed,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    0
+                }
+                Err(_) => return Ok(Some(Forwarded::WriteFailed)),
+            };
+            Ok(Some(if passed == n {
+                Forwarded::Passed(n)
+            } else {
+                Forwarded::Left {
+                    passed,
+                    rest: Bytes::copy_from_slice(&buf[passed..n]),
+                }
+            }))
+        })?;
+        if let Some(step) = step {
+            return Ok(step);
         }
     }
 }
 
-/// Like [`read_some`], but also returns when the bytes reached the socket: the kernel's receive
+/// Waits for data and reads up to `most` bytes, returning also when the bytes reached the socket: the kernel's receive
 /// timestamp, so the proxy's own wake-up latency does not add to the emulated delay.
 pub(super) async fn read_stamped(
     src: &TcpStream,
