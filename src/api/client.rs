@@ -202,12 +202,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// `GET` of a plain-text endpoint (`/metrics`).
-pub async fn get_text(addr: &str, path: &str) -> Result<String, ClientError> {
-    let bytes = request_raw(addr, Method::GET, path, None).await?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
 /// A proxy or toxic name as one path segment (names may hold any character).
 pub fn segment(name: &str) -> String {
     percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()

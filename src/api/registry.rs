@@ -456,17 +456,6 @@ impl Registry {
         Ok(PopulateJson { proxies: done })
     }
 
-    /// [`Registry::populate_proxies`] as JSON values, for `faultrig proxy --api`'s proxies
-    /// named on the command line (src/cli/proxy.rs reads them so; it can move to the typed
-    /// answer).
-    pub async fn populate(&self, specs: Vec<ProxySpec>) -> Result<Value, (ApiError, Value)> {
-        let json = |v: serde_json::Result<Value>| v.expect("wire types serialise to JSON");
-        match self.populate_proxies(specs).await {
-            Ok(done) => Ok(json(serde_json::to_value(done))),
-            Err((e, done)) => Err((e, json(serde_json::to_value(done)))),
-        }
-    }
-
     /// `GET /proxies/{name}/stats` (ours): the proxy's counters since it was created, kept
     /// across restarts. The runner reads them before and after each cell of a remote run.
     pub async fn stats(&self, name: &str) -> Result<crate::proxy::StatsSnapshot, ApiError> {

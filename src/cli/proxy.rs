@@ -217,17 +217,15 @@ fn control_api(
         let listener = crate::net::bind(addr)
             .map_err(|e| CliError::Usage(format!("--api {addr}: cannot listen: {e}")))?;
         if !specs.is_empty() {
-            let created = registry.populate(specs).await.map_err(|(e, _)| {
+            let created = registry.populate_proxies(specs).await.map_err(|(e, _)| {
                 CliError::Usage(format!("creating the proxies: {}", e.message))
             })?;
             let mut out = std::io::stdout();
-            for p in created["proxies"].as_array().into_iter().flatten() {
+            for p in &created.proxies {
                 let _ = writeln!(
                     out,
                     "proxy {} listening on {} -> {}",
-                    p["name"].as_str().unwrap_or_default(),
-                    p["listen"].as_str().unwrap_or_default(),
-                    p["upstream"].as_str().unwrap_or_default()
+                    p.name, p.listen, p.upstream
                 );
             }
         }

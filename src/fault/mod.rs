@@ -167,8 +167,6 @@ pub struct LinkModel {
     floor: Duration,
     /// Monotonicity: no release before the previous one.
     last_release: Duration,
-    /// Stalls of the handshake, counted with the sender's.
-    handshake_stalls: u64,
     /// Reused between calls.
     arrivals: Vec<tcp::Arrival>,
 }
@@ -190,7 +188,6 @@ impl LinkModel {
             rtt: timing.rtt,
             floor: Duration::ZERO,
             last_release: Duration::ZERO,
-            handshake_stalls: 0,
             arrivals: Vec::new(),
         }
     }
@@ -208,7 +205,6 @@ impl LinkModel {
             retransmissions,
         );
         self.floor = floor;
-        self.handshake_stalls = u64::from(retransmissions);
     }
 
     /// Changes the impairment of a live direction (a toxic added, updated or removed). The

@@ -240,11 +240,14 @@ impl Api {
         Ok(())
     }
 
-    /// Deletes one toxic; one already gone is fine.
+    /// Deletes one toxic; one already gone, or whose proxy is gone, is fine (as before the
+    /// client was typed: any 404).
     async fn delete_toxic(&self, proxy: &str, toxic: &str) -> anyhow::Result<()> {
         match self.client.delete_toxic(proxy, toxic).await {
             Ok(()) => Ok(()),
-            Err(e) if e.is(&ApiError::toxic_not_found()) => Ok(()),
+            Err(e) if e.is(&ApiError::toxic_not_found()) || e.is(&ApiError::proxy_not_found()) => {
+                Ok(())
+            }
             Err(e) => Err(e).with_context(|| format!("delete toxic {toxic} of proxy {proxy}")),
         }
     }

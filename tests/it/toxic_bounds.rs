@@ -480,7 +480,8 @@ async fn the_extreme_accepted_values_run_traffic_without_a_panic() {
         assert_eq!(&buf, b"ok?", "{what}: the proxy serves on");
     }
     // Every connection task is still alive, and none of them (nor anything else) panicked.
-    let metrics = faultrig::api::client::get_text(a, "/metrics")
+    let metrics = faultrig::api::client::Client::new(a)
+        .metrics_text()
         .await
         .unwrap();
     let log = std::fs::read_to_string(&log_path).unwrap();
