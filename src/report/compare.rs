@@ -7,7 +7,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::metric::Metric;
-use super::{Cell, Table};
+use super::{CellFigures, Table};
 
 /// The figures compared, in the order shown.
 pub(super) const COMPARED: [Metric; 4] = [
@@ -130,7 +130,7 @@ pub fn compare(old: &Table, new: &Table, threshold: f64) -> Comparison {
 }
 
 /// The cell of row `row` under `profile`, by name.
-fn find<'a>(t: &'a Table, row: &str, profile: &str) -> Option<&'a Cell> {
+fn find<'a>(t: &'a Table, row: &str, profile: &str) -> Option<&'a CellFigures> {
     let ri = t.rows.iter().position(|r| r == row)?;
     let pi = t.profiles.iter().position(|p| p == profile)?;
     t.cell(ri, pi)

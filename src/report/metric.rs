@@ -1,7 +1,7 @@
 //! The figures a cell has, by name: what `--assert`, `--baseline` and `--json` speak of. One
 //! list, so a gate, a delta and a JSON field can never mean different things by one name.
 
-use super::Cell;
+use super::CellFigures;
 
 /// How a metric's values are read and written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +132,7 @@ pub fn format_ms(v: f64) -> String {
     }
 }
 
-impl Cell {
+impl CellFigures {
     /// The cell's value of `m` in the metric's unit; None when the cell has no such
     /// measurement (no successful call for a latency, a bare bench for the server's figures).
     pub fn value(&self, m: Metric) -> Option<f64> {

@@ -73,7 +73,7 @@ impl RoundSummary {
 
 /// Everything measured for one (flavour, mode, workload, concurrency) under one profile.
 #[derive(Debug)]
-pub struct Cell {
+pub struct CellFigures {
     /// Rows combined (rounds × hosts) into these figures.
     pub rows: usize,
     /// Rounds as they ran: rows that ran at once count as one (see the module's doc).
@@ -101,11 +101,11 @@ pub struct Cell {
     pub stalls_per_1k: Option<f64>,
 }
 
-impl Cell {
+impl CellFigures {
     /// Combines rows: counts summed, histograms merged, total time averaged.
-    fn combine(rows: &[&Row]) -> Result<Cell, String> {
+    fn combine(rows: &[&Row]) -> Result<CellFigures, String> {
         let rounds = rounds_as_run(rows);
-        let mut cell = Cell {
+        let mut cell = CellFigures {
             rows: rows.len(),
             rounds: rounds.len(),
             mean_total_ms: 0.0,
@@ -154,10 +154,10 @@ impl Cell {
 
     /// The median round: the rows grouped into rounds as they ran, each round combined, the one
     /// with the median total time kept (the lower of the middle two when the count is even).
-    fn median_round(rows: &[&Row]) -> Result<Cell, String> {
+    fn median_round(rows: &[&Row]) -> Result<CellFigures, String> {
         let mut rounds = rounds_as_run(rows)
             .iter()
-            .map(|rs| Cell::combine(rs))
+            .map(|rs| CellFigures::combine(rs))
             .collect::<Result<Vec<_>, _>>()?;
         rounds.sort_by(|a, b| a.mean_total_ms.total_cmp(&b.mean_total_ms));
         let middle = (rounds.len() - 1) / 2;
@@ -229,7 +229,7 @@ pub struct Table {
     pub rows: Vec<String>,
     pub keys: Vec<RowKey>,
     pub profiles: Vec<String>,
-    pub cells: BTreeMap<(usize, usize), Cell>,
+    pub cells: BTreeMap<(usize, usize), CellFigures>,
     /// How the cells' rounds were combined.
     pub summary: RoundSummary,
     /// The hosts whose rows were combined, in first-seen order.
@@ -338,8 +338,8 @@ impl Table {
         }
         for (k, group) in groups {
             let cell = match summary {
-                RoundSummary::Mean => Cell::combine(&group)?,
-                RoundSummary::Median => Cell::median_round(&group)?,
+                RoundSummary::Mean => CellFigures::combine(&group)?,
+                RoundSummary::Median => CellFigures::median_round(&group)?,
             };
             t.cells.insert(k, cell);
         }
@@ -347,7 +347,7 @@ impl Table {
     }
 
     /// The cell at row `ri`, profile `pi`.
-    pub fn cell(&self, ri: usize, pi: usize) -> Option<&Cell> {
+    pub fn cell(&self, ri: usize, pi: usize) -> Option<&CellFigures> {
         self.cells.get(&(ri, pi))
     }
 
