@@ -42,10 +42,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     if t == "0" || t.eq_ignore_ascii_case("unlimited") {
         return Ok(0);
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = number_and_unit(t);
     let num: f64 = num
         .parse()
         .map_err(|_| format!("invalid rate \"{s}\" (use e.g. \"300Mbit\", \"20Mbit\", \"0\")"))?;
@@ -81,13 +78,18 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
-/// Parses a byte size: "4MiB", "64KiB", "1GiB", "16MB" (decimal), "1500" or "1500B".
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
+/// `"12.5Mbit"` as `("12.5", "Mbit")`: the leading number, and the unit after it.
+fn number_and_unit(t: &str) -> (&str, &str) {
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    t.split_at(split)
+}
+
+/// Parses a byte size: "4MiB", "64KiB", "1GiB", "16MB" (decimal), "1500" or "1500B".
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = number_and_unit(t);
     let num: f64 = num
         .parse()
         .map_err(|_| format!("invalid size \"{s}\" (use e.g. \"4MiB\", \"128B\", \"16KiB\")"))?;
