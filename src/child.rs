@@ -23,16 +23,22 @@ pub const PARENT_FLAG: &str = "--parent";
 /// How long a child gets to stop on SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// Why a child could not tie its life to its parent's.
+#[derive(Debug, thiserror::Error)]
+pub enum OrphanError {
+    #[error("cannot ask for a signal when the parent dies: {0}")]
+    Signal(#[from] nix::Error),
+    #[error("the process that started this one (pid {0}) has already exited")]
+    ParentGone(u32),
+}
+
 /// Arranges for SIGTERM when the parent `parent` dies. Fails when it already has: the signal
 /// would then never come, and this process would outlive the run it belongs to.
-pub fn die_with_parent(parent: u32) -> Result<(), String> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)
-        .map_err(|e| format!("cannot ask for a signal when the parent dies: {e}"))?;
+pub fn die_with_parent(parent: u32) -> Result<(), OrphanError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
     // Set first, checked after: a parent that died in between is seen here.
     if nix::unistd::getppid().as_raw() as u32 != parent {
-        return Err(format!(
-            "the process that started this one (pid {parent}) has already exited"
-        ));
+        return Err(OrphanError::ParentGone(parent));
     }
     Ok(())
 }

@@ -21,12 +21,12 @@ impl LocalRedis {
     /// Starts `redis-server` (found on PATH) and waits until it answers. With `supervisor`
     /// (the faultrig binary), it runs under `faultrig supervise`, so it ends when this process
     /// does, even killed outright ([`crate::child`]).
-    pub fn start(supervisor: Option<&Path>) -> Result<LocalRedis, String> {
+    pub fn start(supervisor: Option<&Path>) -> Result<LocalRedis, RedisStartError> {
         // The free port is found by binding and releasing it; another process can take it in
         // between, in which case redis-server exits and we try again with another.
-        let mut last_error = String::new();
+        let mut last_error = None;
         for _ in 0..3 {
-            let port = free_port().map_err(|e| format!("find a free port for Redis: {e}"))?;
+            let port = free_port().map_err(RedisStartError::NoPort)?;
             let mut command = match supervisor {
                 Some(bin) => {
                     let mut c = Command::new(bin);
@@ -51,18 +51,18 @@ impl LocalRedis {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .map_err(|e| {
-                    format!("cannot start redis-server ({e}); install it (Debian: redis-server)")
-                })?;
+                .map_err(RedisStartError::Spawn)?;
             match wait_for_pong(&mut child, port) {
                 Ok(()) => return Ok(LocalRedis { child, port }),
                 Err(e) => {
                     crate::child::stop(&mut child);
-                    last_error = e;
+                    last_error = Some(e);
                 }
             }
         }
-        Err(format!("redis-server did not start: {last_error}"))
+        Err(RedisStartError::NoAnswer(
+            last_error.expect("every attempt that got here failed"),
+        ))
     }
 
     /// `redis://127.0.0.1:PORT`, for `--backend`.
@@ -84,18 +84,41 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-fn wait_for_pong(child: &mut Child, port: u16) -> Result<(), String> {
+/// Why a private redis-server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisStartError {
+    #[error("find a free port for Redis: {0}")]
+    NoPort(std::io::Error),
+    #[error("cannot start redis-server ({0}); install it (Debian: redis-server)")]
+    Spawn(std::io::Error),
+    #[error("redis-server did not start: {0}")]
+    NoAnswer(NoPong),
+}
+
+/// Why one start of redis-server never answered.
+#[derive(Debug, thiserror::Error)]
+pub enum NoPong {
+    #[error("redis-server exited at start ({0})")]
+    Exited(std::process::ExitStatus),
+    #[error("no PONG from {addr} within {within:?}")]
+    Silent { addr: SocketAddr, within: Duration },
+}
+
+fn wait_for_pong(child: &mut Child, port: u16) -> Result<(), NoPong> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("redis-server exited at start ({status})"));
+            return Err(NoPong::Exited(status));
         }
         if ping(addr).is_ok() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("no PONG from {addr} within {START_TIMEOUT:?}"));
+            return Err(NoPong::Silent {
+                addr,
+                within: START_TIMEOUT,
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -151,7 +151,7 @@ impl Row {
     }
 
     /// The row's histogram.
-    pub fn histogram(&self) -> Result<Histogram<u64>, String> {
+    pub fn histogram(&self) -> Result<Histogram<u64>, HdrError> {
         decode_histogram(&self.hdr)
     }
 }
@@ -183,12 +183,9 @@ const HDR_MAX_PAYLOAD: u32 = 1 << 20;
 /// Counts a histogram within those bounds has, at most.
 pub const HDR_MAX_COUNTS: usize = 2048 * 33;
 
-pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
+pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, HdrError> {
     use std::io::Read;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text.trim())
-        .map_err(|e| format!("hdr is not base64: {e}"))?;
-    let not_hdr = |why: &str| format!("hdr is not an HdrHistogram: {why}");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim())?;
     let word = |b: &[u8], at: usize| -> Option<u32> {
         Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
     };
@@ -196,19 +193,17 @@ pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
     let mut stream: Box<dyn Read + '_> = match word(&bytes, 0) {
         Some(HDR_V2) => Box::new(bytes.as_slice()),
         Some(HDR_V2_DEFLATE) => {
-            let len = word(&bytes, 4).ok_or_else(|| not_hdr("truncated"))? as usize;
+            let len = word(&bytes, 4).ok_or(HdrError::Malformed("truncated"))? as usize;
             let deflated = &bytes[8..];
             Box::new(flate2::read::ZlibDecoder::new(
                 &deflated[..len.min(deflated.len())],
             ))
         }
-        _ => return Err(not_hdr("unknown cookie")),
+        _ => return Err(HdrError::Malformed("unknown cookie")),
     };
     // cookie, payload length, normalizing offset, digits, lowest, highest, ratio
     let mut header = [0u8; 40];
-    stream
-        .read_exact(&mut header)
-        .map_err(|e| not_hdr(&format!("header: {e}")))?;
+    stream.read_exact(&mut header).map_err(HdrError::Header)?;
     let u64_at = |at: usize| u64::from_be_bytes(header[at..at + 8].try_into().expect("8 bytes"));
     let (cookie, payload, digits) = (
         word(&header, 0).unwrap_or(0),
@@ -216,18 +211,44 @@ pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
         word(&header, 12).unwrap_or(0),
     );
     if cookie != HDR_V2 {
-        return Err(not_hdr("unknown inner cookie"));
+        return Err(HdrError::Malformed("unknown inner cookie"));
     }
     if payload > HDR_MAX_PAYLOAD || digits > HDR_MAX_DIGITS || u64_at(24) > HDR_MAX_VALUE {
-        return Err(not_hdr(&format!(
-            "larger than faultrig writes ({payload} bytes of counts, {digits} digits, values \
-             up to {})",
-            u64_at(24)
-        )));
+        return Err(HdrError::TooLarge {
+            payload,
+            digits,
+            highest: u64_at(24),
+        });
     }
     let mut rest = std::io::Cursor::new(header).chain(stream);
-    let decoded = Deserializer::new().deserialize(&mut rest);
-    decoded.map_err(|e| format!("hdr is not an HdrHistogram: {e:?}"))
+    Deserializer::new()
+        .deserialize(&mut rest)
+        .map_err(HdrError::Counts)
+}
+
+/// Why a row's `hdr` column is not a latency histogram faultrig can use.
+#[derive(Debug, thiserror::Error)]
+pub enum HdrError {
+    #[error("hdr is not base64: {0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("hdr is not an HdrHistogram: {0}")]
+    Malformed(&'static str),
+    #[error("hdr is not an HdrHistogram: header: {0}")]
+    Header(io::Error),
+    #[error(
+        "hdr is not an HdrHistogram: larger than faultrig writes ({payload} bytes of counts, \
+         {digits} digits, values up to {highest})"
+    )]
+    TooLarge {
+        payload: u32,
+        digits: u32,
+        highest: u64,
+    },
+    #[error("hdr is not an HdrHistogram: {0:?}")]
+    Counts(hdrhistogram::serialization::DeserializeError),
+    /// Two rows' histograms with bounds that cannot be merged.
+    #[error("cannot merge histograms: {0:?}")]
+    Merge(hdrhistogram::errors::AdditionError),
 }
 
 /// Appends rows to a CSV file, writing the header first when the file is new or empty. Each row

@@ -52,22 +52,42 @@ impl Backend {
 
     /// Opens what the backend needs (a Redis connection), so a server whose backend is
     /// unreachable fails at start, naming the address, rather than failing every call.
-    pub async fn connect(&self) -> Result<BackendClient, String> {
+    pub async fn connect(&self) -> Result<BackendClient, BackendError> {
         Ok(match self {
             Backend::None => BackendClient::None,
             Backend::Sleep(d) => BackendClient::Sleep(*d),
             Backend::Redis(url) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| format!("bad Redis URL \"{url}\": {e}"))?;
+                let fail = |source| BackendError {
+                    url: url.clone(),
+                    source,
+                };
+                let client = redis::Client::open(url.as_str()).map_err(fail)?;
                 let connect = client.get_multiplexed_async_connection();
-                let conn = tokio::time::timeout(Duration::from_secs(5), connect)
+                let conn = tokio::time::timeout(BACKEND_CONNECT_TIMEOUT, connect)
                     .await
-                    .map_err(|_| format!("Redis at {url}: no answer within 5 s"))?
-                    .map_err(|e| format!("Redis at {url}: {e}"))?;
+                    .map_err(|_| {
+                        fail(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "no answer within",
+                            format!("{BACKEND_CONNECT_TIMEOUT:?}"),
+                        )))
+                    })?
+                    .map_err(fail)?;
                 BackendClient::Redis(conn)
             }
         })
     }
+}
+
+/// How long a server waits for its Redis backend at start.
+const BACKEND_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A backend a server could not reach at start.
+#[derive(Debug, thiserror::Error)]
+#[error("Redis at {url}: {source}")]
+pub struct BackendError {
+    pub url: String,
+    pub source: redis::RedisError,
 }
 
 impl std::fmt::Display for Backend {

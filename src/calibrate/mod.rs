@@ -20,12 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::link::Engine;
+use crate::link::{Engine, NamespaceError};
 use crate::profile::Profile;
 use crate::proxy::{Proxy, ProxyOptions};
 use stats::{Comparison, Kind, Stat};
@@ -178,17 +177,62 @@ impl Outcome {
     }
 }
 
+/// Why a calibration run stopped. Every figure measured before it is still written.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    /// The reply server or a proxy could not be started.
+    #[error("start: {0}")]
+    Start(#[from] io::Error),
+    /// One engine's run of one workload failed.
+    #[error("{profile} {workload} {engine}: {source}")]
+    Measure {
+        profile: String,
+        workload: &'static str,
+        engine: &'static str,
+        source: MeasureError,
+    },
+    /// A workload produced nothing to compare.
+    #[error("{profile} {workload}: no samples")]
+    NoSamples {
+        profile: String,
+        workload: &'static str,
+    },
+    /// The CSV or the page could not be written.
+    #[error("write {path}: {reason}")]
+    Write { path: String, reason: String },
+}
+
+/// Why one engine's run of one workload failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
+    #[error("a call took over {0:?}")]
+    CallLimit(Duration),
+    #[error("the bulk flow ended early")]
+    BulkEnded,
+    #[error("a connection's task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Runs the plan, printing each profile's table as it completes (`say` gets every line), and
 /// writes `calibrate.csv` and `calibrate.html` into `out`: after a failure, with the profiles
 /// that completed before it.
-pub async fn run(plan: &Plan, out: &Path, mut say: impl FnMut(&str)) -> anyhow::Result<Outcome> {
+pub async fn run(
+    plan: &Plan,
+    out: &Path,
+    mut say: impl FnMut(&str),
+) -> Result<Outcome, CalibrateError> {
     let listener = crate::net::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let upstream = listener.local_addr()?;
     let stop = CancellationToken::new();
     let server = tokio::spawn(serve(listener, stop.clone().cancelled_owned()));
     let result = run_against(plan, upstream, out, &mut say).await;
     stop.cancel();
-    server.await??;
+    // The server task only ends with an accept error or a panic; either is a failed start.
+    server.await.map_err(io::Error::other)??;
     result
 }
 
@@ -197,17 +241,25 @@ async fn run_against(
     upstream: SocketAddr,
     out: &Path,
     say: &mut impl FnMut(&str),
-) -> anyhow::Result<Outcome> {
+) -> Result<Outcome, CalibrateError> {
     let mut outcome = Outcome {
         tables: Vec::new(),
         samples: Vec::new(),
     };
     let measured = measure_all(plan, upstream, say, &mut outcome).await;
     // Written whatever happened: the profiles finished before a failure are still results.
-    write_csv(&out.join("calibrate.csv"), &outcome)?;
-    let page = page(plan, &outcome).map_err(|e| anyhow!(e))?;
+    let csv = out.join("calibrate.csv");
+    write_csv(&csv, &outcome).map_err(|e| CalibrateError::Write {
+        path: csv.display().to_string(),
+        reason: e.to_string(),
+    })?;
     let html = out.join("calibrate.html");
-    std::fs::write(&html, page).with_context(|| format!("write {}", html.display()))?;
+    page(plan, &outcome)
+        .and_then(|page| std::fs::write(&html, page).map_err(|e| e.to_string()))
+        .map_err(|reason| CalibrateError::Write {
+            path: html.display().to_string(),
+            reason,
+        })?;
     measured.map(|()| outcome)
 }
 
@@ -216,7 +268,7 @@ async fn measure_all(
     upstream: SocketAddr,
     say: &mut impl FnMut(&str),
     outcome: &mut Outcome,
-) -> anyhow::Result<()> {
+) -> Result<(), CalibrateError> {
     for profile in &plan.profiles {
         if shares_a_bottleneck(profile) && plan.connections > 1 {
             say(&format!(
@@ -232,8 +284,11 @@ async fn measure_all(
                 let started = Instant::now();
                 let values = measure(plan, profile, upstream, workload, engine)
                     .await
-                    .with_context(|| {
-                        format!("{} {} {}", profile.name, workload.name(), engine.as_str())
+                    .map_err(|source| CalibrateError::Measure {
+                        profile: profile.name.clone(),
+                        workload: workload.name(),
+                        engine: engine.as_str(),
+                        source,
                     })?;
                 let wall = started.elapsed();
                 say(&format!(
@@ -258,7 +313,10 @@ async fn measure_all(
                 stats::Summary::of(k),
                 stats::ratios(m, k, plan.seed, stats::RESAMPLES),
             ) else {
-                return Err(anyhow!("{} {}: no samples", profile.name, workload.name()));
+                return Err(CalibrateError::NoSamples {
+                    profile: profile.name.clone(),
+                    workload: workload.name(),
+                });
             };
             rows.push(Comparison {
                 workload: workload.name().into(),
@@ -282,7 +340,7 @@ async fn measure(
     upstream: SocketAddr,
     workload: Workload,
     engine: Engine,
-) -> anyhow::Result<Vec<f64>> {
+) -> Result<Vec<f64>, MeasureError> {
     let options = ProxyOptions {
         name: "calibrate".into(),
         seed: plan.seed,
@@ -371,7 +429,7 @@ async fn latencies(
     workload: Workload,
     plan: &Plan,
     connections: usize,
-) -> anyhow::Result<Vec<f64>> {
+) -> Result<Vec<f64>, MeasureError> {
     let left = Arc::new(AtomicU64::new(plan.calls));
     let mut tasks = Vec::new();
     for _ in 0..connections {
@@ -407,13 +465,13 @@ async fn latencies(
                 };
                 let c = tokio::time::timeout(CALL_LIMIT, one)
                     .await
-                    .map_err(|_| anyhow!("a call took over {CALL_LIMIT:?}"))??;
+                    .map_err(|_| MeasureError::CallLimit(CALL_LIMIT))??;
                 if counted {
                     times.push(start.elapsed().as_secs_f64() * 1e3);
                 }
                 conn = Some(c);
             }
-            anyhow::Ok(times)
+            Ok::<_, MeasureError>(times)
         }));
     }
     let mut all = Vec::new();
@@ -425,7 +483,7 @@ async fn latencies(
 
 /// One endless reply read for `time`: the rate of each [`SLICE`] in Mbit/s. The flow starts
 /// from a fresh connection, slow start included, as a download would.
-async fn bulk(addr: SocketAddr, time: Duration) -> anyhow::Result<Vec<f64>> {
+async fn bulk(addr: SocketAddr, time: Duration) -> Result<Vec<f64>, MeasureError> {
     let mut c = connect(addr).await?;
     c.write_all(&request(ENDLESS)).await?;
     let mut buf = vec![0u8; 256 << 10];
@@ -438,7 +496,7 @@ async fn bulk(addr: SocketAddr, time: Duration) -> anyhow::Result<Vec<f64>> {
         loop {
             match tokio::time::timeout_at(end, c.read(&mut buf)).await {
                 Err(_) => break,
-                Ok(Ok(0)) => return Err(anyhow!("the bulk flow ended early")),
+                Ok(Ok(0)) => return Err(MeasureError::BulkEnded),
                 Ok(Ok(n)) => bytes += n as u64,
                 Ok(Err(e)) => return Err(e.into()),
             }
@@ -450,9 +508,8 @@ async fn bulk(addr: SocketAddr, time: Duration) -> anyhow::Result<Vec<f64>> {
 
 /// One row per (profile, workload, engine) with its statistics, and one `ratio` row per
 /// (profile, workload) with the ratios, their intervals and the verdict.
-fn write_csv(path: &Path, outcome: &Outcome) -> anyhow::Result<()> {
-    let mut w =
-        csv::Writer::from_path(path).with_context(|| format!("write {}", path.display()))?;
+fn write_csv(path: &Path, outcome: &Outcome) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_path(path)?;
     let mut header = vec!["profile", "workload", "engine", "unit", "samples", "wall_s"];
     header.extend(Stat::ALL.map(|s| s.name()));
     let bounds: Vec<String> = Stat::ALL

@@ -102,7 +102,7 @@ pub fn run(c: Calibrate) -> Result<(), CliError> {
         .block_on(cal::run(&plan, &out, |line| {
             let _ = writeln!(std::io::stdout(), "{line}");
         }))
-        .map_err(CliError::Failed)?;
+        .map_err(|e| CliError::Failed(e.into()))?;
     println!(
         "wrote {} and {} in {:.0} s",
         out.join("calibrate.csv").display(),

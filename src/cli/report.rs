@@ -102,7 +102,7 @@ fn read_table(files: &[PathBuf], rounds: RoundSummary) -> Result<(Table, usize),
     for f in files {
         rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
     }
-    let table = Table::build(&rows, rounds).map_err(CliError::Usage)?;
+    let table = Table::build(&rows, rounds).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((table, rows.len()))
 }
 

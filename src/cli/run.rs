@@ -168,8 +168,8 @@ pub fn run(r: Run) -> Result<(), CliError> {
             interrupted,
         ))
         .map_err(CliError::Failed)?;
-    let table = Table::build(&rows, experiment.round_summary)
-        .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    let table =
+        Table::build(&rows, experiment.round_summary).map_err(|e| CliError::Failed(e.into()))?;
     let html = files.dir.join("report.html");
     let title = format!("faultrig run {run_id}");
     let done = format!(

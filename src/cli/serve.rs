@@ -80,7 +80,7 @@ impl ServeArgs {
 
 pub fn run(s: Serve) -> Result<(), CliError> {
     if let Some(parent) = s.parent {
-        crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+        crate::child::die_with_parent(parent).map_err(|e| CliError::Failed(e.into()))?;
     }
     let rt = runtime()?;
     rt.block_on(async move {

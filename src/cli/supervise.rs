@@ -16,7 +16,7 @@ pub struct SuperviseArgs {
 /// the parent's drop guard) stops PROGRAM first. Its flags need no checking beyond clap's.
 pub fn run(args: SuperviseArgs) -> Result<(), CliError> {
     let program = &args.program;
-    crate::child::die_with_parent(args.parent).map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+    crate::child::die_with_parent(args.parent).map_err(|e| CliError::Failed(e.into()))?;
     runtime()?.block_on(async {
         let stop = shutdown_signal();
         let mut child = tokio::process::Command::new(&program[0])

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use hdrhistogram::Histogram;
 
-use crate::results::{new_histogram, Row};
+use crate::results::{new_histogram, HdrError, Row};
 use metric::Metric;
 
 /// How a cell's rounds become one figure.
@@ -103,7 +103,7 @@ pub struct CellFigures {
 
 impl CellFigures {
     /// Combines rows: counts summed, histograms merged, total time averaged.
-    fn combine(rows: &[&Row]) -> Result<CellFigures, String> {
+    fn combine(rows: &[&Row]) -> Result<CellFigures, HdrError> {
         let rounds = rounds_as_run(rows);
         let mut cell = CellFigures {
             rows: rows.len(),
@@ -139,9 +139,7 @@ impl CellFigures {
         for r in rows {
             cell.calls += r.calls;
             cell.failed += r.failed;
-            cell.latency
-                .add(r.histogram()?)
-                .map_err(|e| format!("cannot merge histograms: {e:?}"))?;
+            cell.latency.add(r.histogram()?).map_err(HdrError::Merge)?;
             cell.mean_total_ms += r.elapsed_ms as f64;
             // Summed over every row, then divided by the rounds: each round's rows that ran at
             // once add up, and the rounds are averaged.
@@ -154,7 +152,7 @@ impl CellFigures {
 
     /// The median round: the rows grouped into rounds as they ran, each round combined, the one
     /// with the median total time kept (the lower of the middle two when the count is even).
-    fn median_round(rows: &[&Row]) -> Result<CellFigures, String> {
+    fn median_round(rows: &[&Row]) -> Result<CellFigures, HdrError> {
         let mut rounds = rounds_as_run(rows)
             .iter()
             .map(|rs| CellFigures::combine(rs))
@@ -314,7 +312,7 @@ impl RowKey {
 }
 
 impl Table {
-    pub fn build(rows: &[Row], summary: RoundSummary) -> Result<Table, String> {
+    pub fn build(rows: &[Row], summary: RoundSummary) -> Result<Table, HdrError> {
         let mut t = Table {
             summary,
             ..Table::default()
