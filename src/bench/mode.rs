@@ -135,7 +135,10 @@ impl Connections {
     pub async fn discard(&self, lease: &Lease) {
         if let Some(slot) = lease.slot {
             let mut kept = self.slots[slot].lock().await;
-            if kept.as_ref().is_some_and(|c| Arc::ptr_eq(c, &lease.session)) {
+            if kept
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(c, &lease.session))
+            {
                 *kept = None;
             }
         }

@@ -15,7 +15,7 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use super::{inline_or_file, Template, TargetError};
+use super::{inline_or_file, TargetError, Template};
 use crate::bench::{Session, Target};
 use crate::flavour::{self, BoxFuture, CallError, Failure, WireCounters, MAX_MESSAGE};
 
@@ -65,15 +65,16 @@ impl GrpcTargetSpec {
         timeout: std::time::Duration,
     ) -> Result<GrpcTarget, TargetError> {
         let call = self.call.as_deref().ok_or_else(|| {
-            TargetError::new("--call", "a generic gRPC target needs --call pkg.Service/Method")
+            TargetError::new(
+                "--call",
+                "a generic gRPC target needs --call pkg.Service/Method",
+            )
         })?;
         let (service, method) = call
             .rsplit_once('/')
             .or_else(|| call.rsplit_once('.'))
             .filter(|(s, m)| !s.is_empty() && !m.is_empty())
-            .ok_or_else(|| {
-                TargetError::new(format!("--call {call}"), "use pkg.Service/Method")
-            })?;
+            .ok_or_else(|| TargetError::new(format!("--call {call}"), "use pkg.Service/Method"))?;
         let service = service.trim_start_matches('/');
         let pool = if self.reflect {
             reflected_pool(addr, service, timeout).await?
@@ -119,8 +120,9 @@ impl GrpcTargetSpec {
         let template = Template::parse(&data_text).map_err(|e| TargetError::new("--data", e))?;
         // The first call's data is checked here, so a message that does not fit is bad input,
         // found before any load; a template's later renders fit the same way.
-        let first = message_from_json(&input, &template.render(seed, 0, 0))
-            .map_err(|e| TargetError::new("--data", format!("{e} (message {})", input.full_name())))?;
+        let first = message_from_json(&input, &template.render(seed, 0, 0)).map_err(|e| {
+            TargetError::new("--data", format!("{e} (message {})", input.full_name()))
+        })?;
         let payload_bytes = first.encoded_len();
         let data = if template.is_constant() {
             Data::Constant(first)
@@ -281,10 +283,11 @@ impl Resolved {
     fn request(&self, index: u64, worker: usize) -> Result<DynamicMessage, CallError> {
         match &self.data {
             Data::Constant(m) => Ok(m.clone()),
-            Data::Template(t) => message_from_json(&self.input, &t.render(self.seed, index, worker))
-                .map_err(|e| {
+            Data::Template(t) => {
+                message_from_json(&self.input, &t.render(self.seed, index, worker)).map_err(|e| {
                     CallError::new(Failure::Other, format!("call {index}: --data: {e}"))
-                }),
+                })
+            }
         }
     }
 }

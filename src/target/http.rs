@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-use super::{inline_or_file, Template, TargetError};
+use super::{inline_or_file, TargetError, Template};
 use crate::bench::{Session, Target};
 use crate::flavour::http1_json::Http1Connection;
 use crate::flavour::http2_json::Http2Connection;
@@ -110,7 +110,10 @@ impl HttpTargetSpec {
         let expect_status = match self.expect_status {
             None => StatusCode::OK,
             Some(code) => StatusCode::from_u16(code).map_err(|_| {
-                TargetError::new(format!("--expect-status {code}"), "not a status code (100-999)")
+                TargetError::new(
+                    format!("--expect-status {code}"),
+                    "not a status code (100-999)",
+                )
             })?,
         };
         let payload_bytes = body.as_ref().map_or(0, |b| b.render(seed, 0, 0).len());

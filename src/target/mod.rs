@@ -43,3 +43,79 @@ fn inline_or_file(flag: &str, value: &str) -> Result<String, TargetError> {
         None => Ok(value.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The specs read from TOML tables whose keys are the flags' names (an experiment file's
+    /// `[[targets]]`); an unknown key is refused.
+    #[test]
+    fn specs_deserialize_from_tables_named_like_the_flags() {
+        let g: GrpcTargetSpec = toml::from_str(
+            r#"
+            proto = ["a.proto"]
+            import_path = ["inc"]
+            call = "pkg.S/M"
+            data = '{"id": {{index}}}'
+            metadata = ["k=v"]
+            expect = "{}"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(g.call.as_deref(), Some("pkg.S/M"));
+        assert_eq!(
+            (g.proto.len(), g.import_path.len(), g.metadata.len()),
+            (1, 1, 1)
+        );
+        assert!(!g.reflect && g.is_set());
+        let h: HttpTargetSpec = toml::from_str(
+            r#"
+            url = "http://h:8080/x"
+            method = "PUT"
+            header = ["a: b"]
+            body = "hi"
+            http2 = true
+            expect_status = 204
+            "#,
+        )
+        .unwrap();
+        assert_eq!((h.http2, h.expect_status), (true, Some(204)));
+        assert!(toml::from_str::<HttpTargetSpec>("urll = \"x\"").is_err());
+    }
+
+    #[test]
+    fn an_http_target_resolves_its_address_method_and_label() {
+        let spec = HttpTargetSpec {
+            url: Some("http://example.test:8080/items/{{index}}?q=1".into()),
+            body: Some("x".into()),
+            ..Default::default()
+        };
+        let (target, addr) = spec.resolve(0).unwrap();
+        assert_eq!(addr, "example.test:8080");
+        use crate::bench::Target;
+        assert_eq!(target.label(), "POST /items/{{index}}?q=1");
+        assert_eq!((target.name(), target.payload_bytes()), ("http1", 1));
+        let spec = HttpTargetSpec {
+            url: Some("http://example.test".into()),
+            ..Default::default()
+        };
+        let (target, addr) = spec.resolve(0).unwrap();
+        assert_eq!(
+            (addr.as_str(), target.label().as_str()),
+            ("example.test:80", "GET /")
+        );
+        for (url, says) in [
+            ("ftp://x/", "use http://"),
+            ("http:///x", "bad host"),
+            ("http://x/a b", "bad path"),
+        ] {
+            let spec = HttpTargetSpec {
+                url: Some(url.into()),
+                ..Default::default()
+            };
+            let e = spec.resolve(0).err().expect(url).to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+}

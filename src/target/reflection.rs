@@ -121,8 +121,8 @@ impl Reflection {
                             })
                             .collect(),
                         Some(Response::Error(e)) => Err(format!(
-                            "{}: {}",
-                            Code::from_i32(e.error_code).description(),
+                            "{:?}: {}",
+                            Code::from_i32(e.error_code),
                             e.error_message
                         )),
                         None => Err("an empty reflection reply".into()),
