@@ -32,7 +32,7 @@ fi
 
 venv=target/py-venv
 # Pinned, so a new release on PyPI cannot change what the tests check.
-python_pins=(toxiproxy-python==0.1.1 thrift==0.25.0)
+python_pins=(toxiproxy-python==0.1.1 thrift==0.25.0 grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-reflection==1.76.0)
 installed=$("$venv/bin/pip" freeze 2>/dev/null || true)
 if [[ $(grep -cxF -f <(printf '%s\n' "${python_pins[@]}") <<<"$installed") -ne ${#python_pins[@]} ]]; then
     echo "scripts/test.sh: installing ${python_pins[*]} (PyPI) into $venv"

@@ -19,6 +19,8 @@
 //! - [`flavour`]: one file per RPC flavour (server and client behind one trait).
 //! - [`workload`]: what each call carries, and how a reply is checked.
 //! - [`bench`]: the load driver and its connection modes; [`results`]: the CSV schema.
+//! - [`target`]: generic targets (any gRPC service, any HTTP endpoint) for the load driver,
+//!   beside the flavours' own ([`bench::RigTarget`]).
 //! - [`calibrate`]: `faultrig calibrate`, the model against real kernel TCP, side by side.
 //! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
 //!   proxies started here, or on other hosts driven through their control API), the tables.
@@ -46,6 +48,7 @@ pub mod results;
 pub mod rig;
 pub mod runner;
 pub mod service;
+pub mod target;
 pub mod timer;
 pub mod toxic;
 pub mod units;

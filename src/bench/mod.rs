@@ -7,6 +7,7 @@
 //! lowering the offered load (no coordinated omission).
 
 pub mod mode;
+mod target;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,10 +15,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hdrhistogram::Histogram;
 
-use crate::flavour::{CallError, Failure, FailureCounts, Flavour, SocketOptions, WireCounters};
+use crate::flavour::{CallError, Failure, FailureCounts, SocketOptions, WireCounters};
 use crate::results::{new_histogram, Row};
-use crate::workload::{Generator, Workload};
 pub use mode::{Connections, Mode};
+pub use target::{RigTarget, Session, Target};
 
 /// Most concurrent workers (and pool connections) a cell may ask for.
 pub const MAX_CONCURRENCY: usize = 100_000;
@@ -42,11 +43,12 @@ pub enum Stop {
 /// Everything that defines one cell's load.
 #[derive(Clone)]
 pub struct BenchSpec {
-    pub flavour: &'static dyn Flavour,
+    /// What is called, and how each call is made and checked: one of our flavours with a
+    /// workload ([`RigTarget`]), or a generic gRPC or HTTP target.
+    pub load: Arc<dyn Target>,
     /// `HOST:PORT` of the server (or of a proxy in front of it).
     pub target: String,
     pub mode: Mode,
-    pub workload: Workload,
     /// Concurrent workers.
     pub concurrency: usize,
     pub stop: Stop,
@@ -56,7 +58,7 @@ pub struct BenchSpec {
     pub rate: Option<f64>,
     /// Limit for one call, connect included.
     pub timeout: Duration,
-    /// Seeds the workload's data.
+    /// The seed the load was made with (the CSV's seed column).
     pub seed: u64,
     /// How the client's sockets are made (TCP_NODELAY, write pattern, congestion control,
     /// namespace).
@@ -100,9 +102,9 @@ impl BenchOutcome {
             // Milliseconds: the report tells rows that ran at once from rows that ran one
             // after the other by these times.
             started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
-            flavour: spec.flavour.name().to_string(),
+            flavour: spec.load.name().to_string(),
             mode: spec.mode.to_string(),
-            workload: spec.workload.to_string(),
+            workload: spec.load.label(),
             payload_bytes: self.payload_bytes as u64,
             concurrency: spec.concurrency as u32,
             calls: self.calls,
@@ -131,9 +133,9 @@ impl BenchOutcome {
     pub fn summary(&self, spec: &BenchSpec) -> String {
         let mut s = format!(
             "{} {} {} concurrency {}: {} calls in {:.2} s ({:.1} calls/s), {} ok, {} failed",
-            spec.flavour.name(),
+            spec.load.name(),
             spec.mode,
-            spec.workload,
+            spec.load.label(),
             spec.concurrency,
             self.calls,
             self.elapsed.as_secs_f64(),
@@ -181,7 +183,6 @@ impl BenchOutcome {
 /// What the workers of one phase share.
 struct Phase {
     spec: BenchSpec,
-    generator: Generator,
     connections: Arc<Connections>,
     /// Next call index to claim, when the phase runs for a duration. A call-count phase
     /// stripes indices instead (worker `w` makes calls `w`, `w + C`, `w + 2C`, ...), so every
@@ -216,19 +217,18 @@ pub async fn run_with<T>(
 ) -> (BenchOutcome, T) {
     let wire = Arc::new(WireCounters::with_socket(spec.socket.clone()));
     let connections = Arc::new(Connections::new(
-        spec.flavour,
+        spec.load.clone(),
         &spec.target,
         spec.mode,
         spec.concurrency,
         wire.clone(),
     ));
-    let generator = Generator::new(spec.workload, spec.seed);
     if !spec.warmup.is_zero() {
         let warm = BenchSpec {
             stop: Stop::Duration(spec.warmup),
             ..spec.clone()
         };
-        phase(&warm, generator.clone(), connections.clone()).await;
+        phase(&warm, connections.clone()).await;
     }
     let before = measuring.await;
     let carried = connections.open() as u64;
@@ -239,7 +239,7 @@ pub async fn run_with<T>(
     );
     let started_at = SystemTime::now();
     let start = Instant::now();
-    let tallies = phase(spec, generator.clone(), connections.clone()).await;
+    let tallies = phase(spec, connections.clone()).await;
     let elapsed = start.elapsed();
     connections.close().await;
 
@@ -253,7 +253,7 @@ pub async fn run_with<T>(
         conns_opened: carried + wire.opened.load(Ordering::Relaxed) - opened,
         bytes_out: wire.bytes_out.load(Ordering::Relaxed) - out,
         bytes_in: wire.bytes_in.load(Ordering::Relaxed) - inn,
-        payload_bytes: generator.payload_bytes(),
+        payload_bytes: spec.load.payload_bytes(),
         sample_errors: Vec::new(),
     };
     for t in tallies {
@@ -270,11 +270,7 @@ pub async fn run_with<T>(
     (outcome, before)
 }
 
-async fn phase(
-    spec: &BenchSpec,
-    generator: Generator,
-    connections: Arc<Connections>,
-) -> Vec<Tally> {
+async fn phase(spec: &BenchSpec, connections: Arc<Connections>) -> Vec<Tally> {
     let start = Instant::now();
     let (deadline, limit) = match spec.stop {
         Stop::Calls(n) => (None, Some(n)),
@@ -282,7 +278,6 @@ async fn phase(
     };
     let shared = Arc::new(Phase {
         spec: spec.clone(),
-        generator,
         connections,
         next: AtomicU64::new(0),
         start,
@@ -338,13 +333,12 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
                 now
             }
         };
-        let call = phase.generator.call(index);
         let mut leased = None;
         let result = tokio::time::timeout(spec.timeout, async {
             let lease = phase.connections.lease(id).await?;
-            let client = lease.client.clone();
+            let session = lease.session.clone();
             leased = Some(lease);
-            client.call(&call).await
+            session.call(index, id).await
         })
         .await;
         let outcome = match result {
@@ -352,7 +346,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
                 Failure::Timeout,
                 format!("no reply within {:?}", spec.timeout),
             )),
-            Ok(reply) => reply.and_then(|r| Generator::verify(&call, &r)),
+            Ok(checked) => checked,
         };
         match outcome {
             Ok(()) => {
@@ -364,7 +358,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
                 // A reset connection is gone; one that timed out or answered wrongly while
                 // carrying one exchange at a time (HTTP/1.1) is mid-exchange. Neither is reused.
                 if let Some(lease) = &leased {
-                    if e.kind == Failure::Reset || !lease.client.multiplexed() {
+                    if e.kind == Failure::Reset || !lease.session.multiplexed() {
                         phase.connections.discard(lease).await;
                     }
                 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
-use crate::flavour::{CallError, Client, Flavour, WireCounters};
+use super::{Session, Target};
+use crate::flavour::{CallError, WireCounters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -54,11 +55,11 @@ impl fmt::Display for Mode {
 }
 
 /// A long-lived connection, opened on first use and re-opened only after it was lost.
-type Slot = Mutex<Option<Arc<dyn Client>>>;
+type Slot = Mutex<Option<Arc<dyn Session>>>;
 
 /// The connections of one cell.
 pub struct Connections {
-    flavour: &'static dyn Flavour,
+    load: Arc<dyn Target>,
     target: String,
     mode: Mode,
     /// Kept connections: one (single), one per worker, or N (pool); none for per-call.
@@ -70,14 +71,14 @@ pub struct Connections {
 
 /// A connection lent to one call.
 pub struct Lease {
-    pub client: Arc<dyn Client>,
+    pub session: Arc<dyn Session>,
     /// The slot it came from (none: per-call, closed when the lease is dropped).
     slot: Option<usize>,
 }
 
 impl Connections {
     pub fn new(
-        flavour: &'static dyn Flavour,
+        load: Arc<dyn Target>,
         target: &str,
         mode: Mode,
         concurrency: usize,
@@ -90,7 +91,7 @@ impl Connections {
             Mode::Pool(n) => n,
         };
         Connections {
-            flavour,
+            load,
             target: target.to_string(),
             mode,
             slots: (0..slots).map(|_| Mutex::new(None)).collect(),
@@ -104,24 +105,27 @@ impl Connections {
     pub async fn lease(&self, worker: usize) -> Result<Lease, CallError> {
         let slot = match self.mode {
             Mode::PerCall => {
-                let client = self.flavour.connect(&self.target, &self.wire).await?;
-                return Ok(Lease { client, slot: None });
+                let session = self.load.connect(&self.target, &self.wire).await?;
+                return Ok(Lease {
+                    session,
+                    slot: None,
+                });
             }
             Mode::Single => 0,
             Mode::PerWorker => worker,
             Mode::Pool(n) => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
         let mut kept = self.slots[slot].lock().await;
-        if let Some(client) = kept.as_ref().filter(|c| c.is_open()) {
+        if let Some(session) = kept.as_ref().filter(|c| c.is_open()) {
             return Ok(Lease {
-                client: client.clone(),
+                session: session.clone(),
                 slot: Some(slot),
             });
         }
-        let client = self.flavour.connect(&self.target, &self.wire).await?;
-        *kept = Some(client.clone());
+        let session = self.load.connect(&self.target, &self.wire).await?;
+        *kept = Some(session.clone());
         Ok(Lease {
-            client,
+            session,
             slot: Some(slot),
         })
     }
@@ -131,7 +135,10 @@ impl Connections {
     pub async fn discard(&self, lease: &Lease) {
         if let Some(slot) = lease.slot {
             let mut kept = self.slots[slot].lock().await;
-            if kept.as_ref().is_some_and(|c| Arc::ptr_eq(c, &lease.client)) {
+            if kept
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(c, &lease.session))
+            {
                 *kept = None;
             }
         }

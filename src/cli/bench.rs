@@ -1,36 +1,44 @@
 //! `faultrig bench`: drive RPC load against a server and report, optionally as a CSV row.
 //!
 //! Its flags are typed as they are parsed (each value parser names the flag on a bad value);
-//! [`BenchArgs::validate`] puts them together into the load driver's [`BenchSpec`].
+//! [`BenchArgs::validate`] puts them together into the load driver's [`BenchSpec`]: one of our
+//! flavours with a workload, or a generic gRPC service or HTTP endpoint ([`crate::target`]),
+//! whose protos are compiled (or fetched by reflection) there, before any load.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 
 use super::{host_name, parse_flavour, run_id, CliError, CALL_TIMEOUT_TEXT};
-use crate::bench::{BenchSpec, Mode, Stop, MAX_CALLS, MAX_CONCURRENCY, RATE_RANGE};
+use crate::bench::{
+    BenchSpec, Mode, RigTarget, Stop, Target, MAX_CALLS, MAX_CONCURRENCY, RATE_RANGE,
+};
 use crate::flavour::{Flavour, SocketOptions, WritePattern};
 use crate::profile::CongestionControl;
 use crate::results::ResultsWriter;
+use crate::target::{GrpcTargetSpec, HttpTargetSpec};
 use crate::units;
 use crate::workload::Workload;
 
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("stop").required(true).args(["calls", "duration"]))]
 pub struct BenchArgs {
-    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary, thrift.
-    #[arg(long, value_parser = parse_flavour)]
-    pub flavour: &'static dyn Flavour,
-    /// Server (or proxy) address, HOST:PORT.
+    /// RPC flavour: grpc, http1-json, http2-json, tcp-binary, thrift; or http (a generic HTTP
+    /// endpoint, with --url). grpc with --call is a generic gRPC service.
+    #[arg(long, value_parser = parse_bench_flavour)]
+    pub flavour: BenchFlavour,
+    /// Server (or proxy) address, HOST:PORT. With --url: the URL's HOST:PORT unless given.
     #[arg(long, value_parser = parse_target)]
-    pub target: String,
+    pub target: Option<String>,
     /// Connection mode: single, per-call, per-worker, pool:N.
     #[arg(long, value_parser = Mode::parse, default_value = "single")]
     pub mode: Mode,
     /// What each call carries: order, blob:SIZE (128B..16MiB), wide, deduct.
-    #[arg(long, value_parser = Workload::parse, default_value = "order")]
+    #[arg(long, value_parser = Workload::parse, default_value = "order",
+          conflicts_with_all = ["call", "url"])]
     pub workload: Workload,
     /// Concurrent workers.
     #[arg(long, default_value_t = 1,
@@ -77,6 +85,26 @@ pub struct BenchArgs {
     /// Pin this congestion control on the client's sockets (TCP_CONGESTION): cubic, bbr, reno.
     #[arg(long, value_parser = parse_congestion_control)]
     pub congestion_control: Option<CongestionControl>,
+    #[command(flatten)]
+    pub grpc: GrpcTargetSpec,
+    #[command(flatten)]
+    pub http: HttpTargetSpec,
+}
+
+/// `bench --flavour`: one of our flavours, or `http` (a generic HTTP endpoint).
+#[derive(Clone, Copy, Debug)]
+pub enum BenchFlavour {
+    Rig(&'static dyn Flavour),
+    Http,
+}
+
+fn parse_bench_flavour(s: &str) -> Result<BenchFlavour, String> {
+    if s == "http" {
+        return Ok(BenchFlavour::Http);
+    }
+    parse_flavour(s)
+        .map(BenchFlavour::Rig)
+        .map_err(|e| format!("{e}, or http with --url"))
 }
 
 /// `bench`'s arguments, checked: the load to drive, and where its row goes.
@@ -95,11 +123,26 @@ struct CsvLabels {
 
 impl BenchArgs {
     pub fn validate(self) -> Result<Bench, CliError> {
+        // Opened first: a path we cannot write is found before a reflection round trip.
+        let csv = match &self.csv {
+            Some(path) => {
+                let writer = ResultsWriter::append(path).map_err(|e| {
+                    CliError::Usage(format!("--csv {}: cannot write: {e}", path.display()))
+                })?;
+                let labels = CsvLabels {
+                    host: self.host.clone().unwrap_or_else(host_name),
+                    round: self.round,
+                    profile: self.profile_label.clone(),
+                };
+                Some((writer, labels))
+            }
+            None => None,
+        };
+        let (load, target) = self.load()?;
         let spec = BenchSpec {
-            flavour: self.flavour,
-            target: self.target,
+            load,
+            target,
             mode: self.mode,
-            workload: self.workload,
             concurrency: self.concurrency as usize,
             stop: match (self.calls, self.duration) {
                 (Some(n), _) => Stop::Calls(n),
@@ -117,21 +160,53 @@ impl BenchArgs {
                 namespace: None,
             },
         };
-        let csv = match &self.csv {
-            Some(path) => {
-                let writer = ResultsWriter::append(path).map_err(|e| {
-                    CliError::Usage(format!("--csv {}: cannot write: {e}", path.display()))
-                })?;
-                let labels = CsvLabels {
-                    host: self.host.unwrap_or_else(host_name),
-                    round: self.round,
-                    profile: self.profile_label,
-                };
-                Some((writer, labels))
-            }
-            None => None,
-        };
         Ok(Bench { spec, csv })
+    }
+
+    /// What the load calls, and the address it connects to.
+    fn load(&self) -> Result<(Arc<dyn Target>, String), CliError> {
+        let usage = |e: crate::target::TargetError| CliError::Usage(e.to_string());
+        let target = || {
+            self.target
+                .clone()
+                .ok_or_else(|| CliError::Usage("--target HOST:PORT is required".into()))
+        };
+        match self.flavour {
+            BenchFlavour::Http => {
+                if self.http.url.is_none() {
+                    return Err(CliError::Usage(
+                        "--flavour http drives a generic HTTP endpoint: give it --url URL".into(),
+                    ));
+                }
+                let (load, url_addr) = self.http.resolve(self.seed).map_err(usage)?;
+                let addr = self.target.clone().unwrap_or(url_addr);
+                Ok((Arc::new(load), addr))
+            }
+            BenchFlavour::Rig(f) if self.http.url.is_some() => Err(CliError::Usage(format!(
+                "--url drives a generic HTTP endpoint: use it with --flavour http, not {}",
+                f.name()
+            ))),
+            BenchFlavour::Rig(f) if self.grpc.is_set() => {
+                if f.name() != crate::flavour::grpc::Grpc.name() {
+                    return Err(CliError::Usage(format!(
+                        "--call, --proto and --reflect drive a generic gRPC service: use them \
+                         with --flavour grpc, not {}",
+                        f.name()
+                    )));
+                }
+                let addr = target()?;
+                // Reflection is a network round trip: done here, on a runtime of its own, so
+                // bad input is still found before any load.
+                let load = bench_runtime()?
+                    .block_on(self.grpc.resolve(&addr, self.seed, self.timeout))
+                    .map_err(usage)?;
+                Ok((Arc::new(load), addr))
+            }
+            BenchFlavour::Rig(f) => Ok((
+                Arc::new(RigTarget::new(f, self.workload, self.seed)),
+                target()?,
+            )),
+        }
     }
 }
 

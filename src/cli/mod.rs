@@ -85,7 +85,7 @@ pub enum Command {
     /// Run an RPC server of one flavour.
     Serve(ServeArgs),
     /// Drive RPC load against a server (directly or through a proxy) and report.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Run a command in a fresh network namespace whose traffic to this host crosses the link
     /// engine (real packets, real kernel TCP); the host is at $FAULTRIG_HOST inside.
     Shell(ShellArgs),

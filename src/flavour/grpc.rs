@@ -46,29 +46,35 @@ impl Flavour for Grpc {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let endpoint = Endpoint::from_shared(format!("http://{target}"))
-                .map_err(|e| CallError::new(Failure::Connect, format!("bad target {target}: {e}")))?
-                .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
-                .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW);
-            let (target, wire) = (target.to_string(), wire.clone());
-            let connector = tower::service_fn(move |_: http::Uri| {
-                let (target, wire) = (target.clone(), wire.clone());
-                async move {
-                    super::connect_tcp(&target, &wire, super::Framing::Buffers)
-                        .await
-                        .map(TokioIo::new)
-                }
-            });
-            let channel = endpoint
-                .connect_with_connector(connector)
-                .await
-                .map_err(|e| CallError::new(Failure::Connect, super::full_message(&e)))?;
-            let client = RigClient::new(channel)
+            let client = RigClient::new(channel(target, wire).await?)
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
             Ok(Arc::new(GrpcClient { client }) as Arc<dyn Client>)
         })
     }
+}
+
+/// A tonic channel to `target` over a connector we own, so each TCP connection it opens
+/// (including any it re-opens after a failure) is counted in `wire`. Every gRPC client of the
+/// crate connects through here: the `grpc` flavour and the generic gRPC target.
+pub(crate) async fn channel(target: &str, wire: &Arc<WireCounters>) -> Result<Channel, CallError> {
+    let endpoint = Endpoint::from_shared(format!("http://{target}"))
+        .map_err(|e| CallError::new(Failure::Connect, format!("bad target {target}: {e}")))?
+        .initial_stream_window_size(super::http2_json::STREAM_WINDOW)
+        .initial_connection_window_size(super::http2_json::CONNECTION_WINDOW);
+    let (target, wire) = (target.to_string(), wire.clone());
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (target, wire) = (target.clone(), wire.clone());
+        async move {
+            super::connect_tcp(&target, &wire, super::Framing::Buffers)
+                .await
+                .map(TokioIo::new)
+        }
+    });
+    endpoint
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| CallError::new(Failure::Connect, super::full_message(&e)))
 }
 
 /// The tonic service: every method hands the call to the shared [`RigService`].
@@ -168,7 +174,7 @@ impl Client for GrpcClient {
 
 /// Classifies a failed gRPC call: by the transport error under it when there is one, else by
 /// status code.
-fn status_error(s: &Status) -> CallError {
+pub(crate) fn status_error(s: &Status) -> CallError {
     if let Some(source) = std::error::Error::source(s) {
         let classified = CallError::classify(source);
         if classified.kind != Failure::Other {

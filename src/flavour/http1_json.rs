@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::{Request, Response};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
@@ -47,14 +49,9 @@ impl Flavour for Http1Json {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
             Ok(Arc::new(Http1Client {
-                sender: tokio::sync::Mutex::new(sender),
+                connection: Http1Connection::open(target, wire).await?,
                 authority: target.to_string(),
-                connection: CallerDriven::new(connection),
             }) as Arc<dyn Client>)
         })
     }
@@ -63,28 +60,69 @@ impl Flavour for Http1Json {
 type Connection =
     hyper::client::conn::http1::Connection<TokioIo<CountingStream<TcpStream>>, Full<Bytes>>;
 
-struct Http1Client {
+/// One HTTP/1.1 client connection, counted in the cell's [`WireCounters`]: the `http1-json`
+/// flavour's, and the generic HTTP target's.
+pub(crate) struct Http1Connection {
     /// HTTP/1.1 carries one exchange at a time: callers queue on this lock.
     sender: tokio::sync::Mutex<SendRequest<Full<Bytes>>>,
+    connection: CallerDriven<Connection>,
+}
+
+impl Http1Connection {
+    pub(crate) async fn open(
+        target: &str,
+        wire: &Arc<WireCounters>,
+    ) -> Result<Http1Connection, CallError> {
+        let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
+        Ok(Http1Connection {
+            sender: tokio::sync::Mutex::new(sender),
+            connection: CallerDriven::new(connection),
+        })
+    }
+
+    /// Sends `request` and hands its response to `read`, holding the connection until `read`
+    /// is done: only once the whole response body is read may the next request go out on it.
+    pub(crate) async fn exchange<T, F>(
+        &self,
+        request: Request<Full<Bytes>>,
+        read: impl FnOnce(Response<Incoming>) -> F,
+    ) -> Result<T, CallError>
+    where
+        F: std::future::Future<Output = Result<T, CallError>>,
+    {
+        self.connection
+            .drive(async move {
+                let mut sender = self.sender.lock().await;
+                sender.ready().await.map_err(|e| CallError::classify(&e))?;
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| CallError::classify(&e))?;
+                read(response).await
+            })
+            .await
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.connection.is_open()
+    }
+}
+
+struct Http1Client {
+    connection: Http1Connection,
     /// Sent as the Host header.
     authority: String,
-    connection: CallerDriven<Connection>,
 }
 
 impl Client for Http1Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(self.connection.drive(async move {
-            let request = http_json::request(call, &self.authority, false);
-            // Hold the connection until the whole response body is read: only then may the next
-            // request go out on it.
-            let mut sender = self.sender.lock().await;
-            sender.ready().await.map_err(|e| CallError::classify(&e))?;
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| CallError::classify(&e))?;
-            http_json::reply(call.operation(), response).await
-        }))
+        Box::pin(self.connection.exchange(
+            http_json::request(call, &self.authority, false),
+            |response| http_json::reply(call.operation(), response),
+        ))
     }
 
     fn is_open(&self) -> bool {

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::{Request, Response};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
@@ -75,18 +77,9 @@ impl Flavour for Http2Json {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
-            let (sender, connection) =
-                hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-                    .initial_stream_window_size(STREAM_WINDOW)
-                    .initial_connection_window_size(CONNECTION_WINDOW)
-                    .handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
             Ok(Arc::new(Http2Client {
-                sender,
+                connection: Http2Connection::open(target, wire).await?,
                 authority: target.to_string(),
-                connection: CallerDriven::new(connection),
             }) as Arc<dyn Client>)
         })
     }
@@ -98,29 +91,76 @@ type Connection = hyper::client::conn::http2::Connection<
     TokioExecutor,
 >;
 
-struct Http2Client {
+/// One h2c (prior knowledge) client connection, counted in the cell's [`WireCounters`]: the
+/// `http2-json` flavour's, and the generic HTTP target's with `--http2`.
+pub(crate) struct Http2Connection {
     /// Cloned per call: each clone opens its own stream on the one connection.
     sender: SendRequest<Full<Bytes>>,
+    connection: CallerDriven<Connection>,
+}
+
+impl Http2Connection {
+    pub(crate) async fn open(
+        target: &str,
+        wire: &Arc<WireCounters>,
+    ) -> Result<Http2Connection, CallError> {
+        let stream = super::connect_tcp(target, wire, super::Framing::Buffers).await?;
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| CallError::new(super::Failure::Connect, e.to_string()))?;
+        Ok(Http2Connection {
+            sender,
+            connection: CallerDriven::new(connection),
+        })
+    }
+
+    /// Sends `request` on a stream of its own and hands its response to `read`. The request's
+    /// URI must be absolute: scheme and authority become pseudo-headers.
+    pub(crate) async fn exchange<T, F>(
+        &self,
+        request: Request<Full<Bytes>>,
+        read: impl FnOnce(Response<Incoming>) -> F,
+    ) -> Result<T, CallError>
+    where
+        F: std::future::Future<Output = Result<T, CallError>>,
+    {
+        self.connection
+            .drive(async move {
+                let mut sender = self.sender.clone();
+                sender.ready().await.map_err(|e| CallError::classify(&e))?;
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| CallError::classify(&e))?;
+                read(response).await
+            })
+            .await
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.connection.is_open() && !self.sender.is_closed()
+    }
+}
+
+struct Http2Client {
+    connection: Http2Connection,
     /// Goes into the `:authority` pseudo-header.
     authority: String,
-    connection: CallerDriven<Connection>,
 }
 
 impl Client for Http2Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(self.connection.drive(async move {
-            let mut sender = self.sender.clone();
-            sender.ready().await.map_err(|e| CallError::classify(&e))?;
-            let response = sender
-                .send_request(http_json::request(call, &self.authority, true))
-                .await
-                .map_err(|e| CallError::classify(&e))?;
-            http_json::reply(call.operation(), response).await
-        }))
+        Box::pin(self.connection.exchange(
+            http_json::request(call, &self.authority, true),
+            |response| http_json::reply(call.operation(), response),
+        ))
     }
 
     fn is_open(&self) -> bool {
-        self.connection.is_open() && !self.sender.is_closed()
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {

@@ -8,10 +8,11 @@ mod local;
 mod remote;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::bench::{self, BenchSpec};
+use crate::bench::{self, BenchSpec, RigTarget};
 use crate::experiment::{Cell, Experiment};
 use crate::flavour::SocketOptions;
 use crate::proxy::StatsSnapshot;
@@ -154,10 +155,13 @@ async fn run_cells(
         for cell in &cells {
             let (addr, socket) = targets.enter(exp, cell).await;
             let spec = BenchSpec {
-                flavour: cell.flavour,
+                load: Arc::new(RigTarget::new(
+                    cell.flavour,
+                    cell.workload.workload,
+                    exp.seed,
+                )),
                 target: addr,
                 mode: cell.mode,
-                workload: cell.workload.workload,
                 concurrency: cell.concurrency,
                 stop: exp.stop,
                 warmup: exp.warmup,

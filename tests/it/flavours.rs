@@ -26,10 +26,9 @@ pub fn spec(
     workload: Workload,
 ) -> BenchSpec {
     BenchSpec {
-        flavour,
+        load: Arc::new(bench::RigTarget::new(flavour, workload, 1)),
         target: target.to_string(),
         mode,
-        workload,
         concurrency: 3,
         stop: Stop::Calls(12),
         warmup: Duration::ZERO,

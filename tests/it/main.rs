@@ -16,6 +16,7 @@ mod proxy;
 mod remote;
 mod report;
 mod run;
+mod targets;
 mod thrift;
 mod toxic_bounds;
 mod util;
