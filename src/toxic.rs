@@ -3,7 +3,8 @@
 //! of [`Toxic`]s, and each connection [`resolve`]s that list against its own toxicity draws into
 //! link parameters for the model plus the few connection-level effects the pipe carries out.
 //!
-//! How Toxiproxy's toxics map onto our model (nothing is ever silently dropped):
+//! How Toxiproxy's toxics map onto our model (no byte is ever dropped but under `timeout`, whose
+//! point it is):
 //! - `latency`: delay + uniform jitter in the model, so it keeps throughput (a delayed stream is
 //!   not a slower one);
 //! - `bandwidth`: the model's bottleneck rate, a first-in-first-out queue at line rate (KB/s,
