@@ -3,7 +3,8 @@
 //! of [`Toxic`]s, and each connection [`resolve`]s that list against its own toxicity draws into
 //! link parameters for the model plus the few connection-level effects the pipe carries out.
 //!
-//! How Toxiproxy's toxics map onto our model (nothing is ever silently dropped):
+//! How Toxiproxy's toxics map onto our model (no byte is ever dropped but under `timeout`, whose
+//! point it is):
 //! - `latency`: delay + uniform jitter in the model, so it keeps throughput (a delayed stream is
 //!   not a slower one);
 //! - `bandwidth`: the model's bottleneck rate, a first-in-first-out queue at line rate (KB/s,
@@ -16,8 +17,13 @@
 //!   byte (Toxiproxy's toxics charge a new connection nothing);
 //! - `slicer`: each chunk is cut into pieces written `delay` µs apart;
 //! - `slow_close`: the FIN waits `delay` ms;
-//! - `timeout`: bytes are held, not dropped (they flow again if the toxic goes away); after
-//!   `timeout` ms (0 = never) the connection is reset, since held bytes cannot be delivered;
+//! - `bandwidth` with `rate` 0: no byte passes while it is there; they wait in the proxy and
+//!   flow once it goes or gets a rate (as Toxiproxy's, whose rate-0 toxic stalls its chunk);
+//! - `timeout`: as Toxiproxy's, the bytes are dropped (the toxic's whole point is a connection
+//!   that is broken, and the only place a byte is ever dropped on purpose); after `timeout` ms
+//!   (0 = never) the connection is closed with FIN, and removing the toxic closes it too;
+//!   with our attribute `hold: true` the bytes are held instead (delivered if it goes), and
+//!   after `timeout` ms the connection is reset, since held bytes cannot be delivered;
 //! - `reset_peer`: `timeout` ms after the first bytes seen under the toxic, both ends are reset;
 //! - `limit_data`: after `bytes` bytes the direction is closed and the connection with it.
 
@@ -170,6 +176,11 @@ pub enum ToxicKind {
     Timeout {
         #[serde(rename = "timeout", default)]
         timeout_ms: u64,
+        /// Ours: hold the bytes (delivered if the toxic goes) instead of dropping them, and
+        /// reset rather than close after the timeout. Written only when set, so Toxiproxy's
+        /// clients see Toxiproxy's attributes.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hold: bool,
     },
     ResetPeer {
         #[serde(rename = "timeout", default)]
@@ -214,14 +225,23 @@ impl ToxicKind {
                     ]
                 }
             }
-            // Toxiproxy takes rate 0 (and a missing rate) as no limit at all: refused here,
-            // since a bandwidth toxic that limits nothing is a mistake, most often a hoped-for
-            // "stop".
+            // Rate 0 (or none given) is taken, as Toxiproxy takes it: its bandwidth toxic then
+            // sends its chunk on in empty pieces every 100 ms, for ever, so nothing passes until
+            // the toxic goes or changes, and then everything does. A client may use it as a
+            // "stop": refusing it would fail a test that passes against Toxiproxy.
             ToxicKind::Bandwidth { .. } => {
-                const { &[Bound::int("rate", 1, MAX_RATE_KB_S, "KB/s")] }
+                const { &[Bound::int("rate", 0, MAX_RATE_KB_S, "KB/s")] }
             }
             ToxicKind::SlowClose { .. } => const { &[Bound::int("delay", 0, MAX_TIMER_MS, "ms")] },
-            ToxicKind::Timeout { .. } | ToxicKind::ResetPeer { .. } => {
+            ToxicKind::Timeout { .. } => {
+                const {
+                    &[
+                        Bound::int("timeout", 0, MAX_TIMER_MS, "ms"),
+                        Bound::flag("hold"),
+                    ]
+                }
+            }
+            ToxicKind::ResetPeer { .. } => {
                 const { &[Bound::int("timeout", 0, MAX_TIMER_MS, "ms")] }
             }
             ToxicKind::Slicer { .. } => {
@@ -319,7 +339,8 @@ impl ToxicKind {
         matches!(
             self,
             ToxicKind::Latency { .. }
-                | ToxicKind::Bandwidth { .. }
+                // Rate 0 holds one connection's bytes, which a shared link cannot.
+                | ToxicKind::Bandwidth { rate_kb_s: 1.. }
                 | ToxicKind::Loss(_)
                 | ToxicKind::Profile(_)
                 // The kernel's connections always pay their real handshake.
@@ -352,6 +373,8 @@ pub enum Range {
     Number { max: f64 },
     /// Text (ours: a profile's name or file); absent unless given.
     Text,
+    /// `true` or `false` (ours: timeout's `hold`); absent means false.
+    Flag,
 }
 
 impl Bound {
@@ -388,6 +411,14 @@ impl Bound {
         Bound {
             name,
             range: Range::Text,
+            at_most: None,
+        }
+    }
+
+    const fn flag(name: &'static str) -> Bound {
+        Bound {
+            name,
+            range: Range::Flag,
             at_most: None,
         }
     }
@@ -541,8 +572,12 @@ pub struct DirectionFaults {
     pub link: LinkParams,
     /// Extra wait before the FIN is delivered.
     pub slow_close: Duration,
-    /// `timeout` toxic: bytes are held; `Some(d)` resets the connection `d` after it applied.
+    /// Bytes wait in the proxy, delivered once this is gone (`timeout` with `hold`, bandwidth
+    /// rate 0); `Some(d)`: the connection is reset `d` after it applied.
     pub hold: Option<Option<Duration>>,
+    /// Toxiproxy's `timeout` toxic: bytes read are dropped; `Some(d)`: the connection is
+    /// closed `d` after it applied.
+    pub discard: Option<Option<Duration>>,
     /// `reset_peer` toxic: reset this long after the first bytes seen under it.
     pub reset_after: Option<Duration>,
     pub slicer: Option<Slicer>,
@@ -556,6 +591,7 @@ impl DirectionFaults {
             link,
             slow_close: Duration::ZERO,
             hold: None,
+            discard: None,
             reset_after: None,
             slicer: None,
             limit: None,
@@ -611,11 +647,17 @@ impl Draws {
         self
     }
 
+    /// Whether `toxic` is meant for this connection's client (it names none, or this one),
+    /// before any toxicity draw.
+    pub fn reaches(&self, toxic: &Toxic) -> bool {
+        let listed = |c: IpAddr| toxic.clients.iter().any(|b| b.contains(c));
+        toxic.clients.is_empty() || self.client.is_some_and(listed)
+    }
+
     /// Whether `toxic` applies to this connection: its client is one the toxic names (if it
     /// names any), and it is drawn, on first sight of each revision.
     pub fn applies(&mut self, toxic: &Toxic) -> bool {
-        let listed = |c: IpAddr| toxic.clients.iter().any(|b| b.contains(c));
-        if !toxic.clients.is_empty() && !self.client.is_some_and(listed) {
+        if !self.reaches(toxic) {
             return false;
         }
         if let Some(&(_, _, on)) = self
@@ -677,14 +719,22 @@ pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> Connectio
                 let bps = rate_kb_s.saturating_mul(8000);
                 d.link.rate_bps = Some(d.link.rate_bps.map_or(bps, |r| r.min(bps)));
             }
-            ToxicKind::Bandwidth { .. } => {}
+            // Toxiproxy's rate 0: nothing passes while it is there, nothing is lost.
+            ToxicKind::Bandwidth { .. } => {
+                d.hold.get_or_insert(None);
+            }
             ToxicKind::SlowClose { delay_ms } => {
                 let delay = Duration::from_millis(*delay_ms);
                 d.slow_close = add_capped(d.slow_close, delay, MAX_TIMER);
             }
-            ToxicKind::Timeout { timeout_ms } => {
+            ToxicKind::Timeout { timeout_ms, hold } => {
                 let limit = Duration::from_millis(*timeout_ms).min(MAX_TIMER);
-                d.hold = Some((*timeout_ms > 0).then_some(limit));
+                let limit = Some((*timeout_ms > 0).then_some(limit));
+                if *hold {
+                    d.hold = limit;
+                } else {
+                    d.discard = limit;
+                }
             }
             ToxicKind::ResetPeer { timeout_ms } => {
                 d.reset_after = Some(Duration::from_millis(*timeout_ms).min(MAX_TIMER));
@@ -856,6 +906,7 @@ mod tests {
                     // Not a whole number: a whole percent is written as an integer.
                     Range::Number { max } => serde_json::json!(max / 4.0 + 0.125),
                     Range::Text => serde_json::json!("lan"),
+                    Range::Flag => serde_json::json!(true),
                 };
                 let mut given = Map::new();
                 given.insert(bound.name.to_string(), value.clone());
@@ -940,7 +991,18 @@ mod tests {
             toxic(
                 "hold",
                 Direction::Upstream,
-                ToxicKind::Timeout { timeout_ms: 0 },
+                ToxicKind::Timeout {
+                    timeout_ms: 0,
+                    hold: true,
+                },
+            ),
+            toxic(
+                "drop",
+                Direction::Downstream,
+                ToxicKind::Timeout {
+                    timeout_ms: 300,
+                    hold: false,
+                },
             ),
         ];
         let f = resolve(&local(), &toxics, &mut draws());
@@ -951,6 +1013,12 @@ mod tests {
         assert_eq!(f.upstream.link.loss, LossProcess::Bernoulli { p: 0.75 });
         assert_eq!(f.downstream.limit, Some(10));
         assert_eq!(f.upstream.hold, Some(None), "held forever");
+        assert_eq!(f.upstream.discard, None);
+        assert_eq!(
+            (f.downstream.hold, f.downstream.discard),
+            (None, Some(Some(Duration::from_millis(300)))),
+            "Toxiproxy's timeout drops, and closes after it"
+        );
         assert_eq!(f.timing.rtt, Duration::from_millis(150));
         assert_eq!(f.profile.downstream, f.downstream.link);
     }

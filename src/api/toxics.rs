@@ -53,6 +53,7 @@ impl Checked<'_> {
             }
             Range::Number { max } => format!("a number from 0 to {max}"),
             Range::Text => "a string".to_string(),
+            Range::Flag => "true or false".to_string(),
         };
         let limit = bound
             .at_most
@@ -69,10 +70,11 @@ impl Checked<'_> {
     fn check(&self, bound: &Bound) -> Result<(), ApiError> {
         let v = self.given.get(bound.name).unwrap_or(&Value::Null);
         let n = match (bound.range, v) {
-            (Range::Int { min: 0, .. } | Range::Number { .. } | Range::Text, Value::Null) => {
-                return Ok(())
-            }
-            (Range::Text, Value::String(_)) => return Ok(()),
+            (
+                Range::Int { min: 0, .. } | Range::Number { .. } | Range::Text | Range::Flag,
+                Value::Null,
+            ) => return Ok(()),
+            (Range::Text, Value::String(_)) | (Range::Flag, Value::Bool(_)) => return Ok(()),
             (Range::Int { min, max, .. }, _) => match v.as_u64() {
                 Some(n) if (min..=max).contains(&n) => n as f64,
                 _ => return Err(self.bad(bound, v)),
@@ -81,7 +83,7 @@ impl Checked<'_> {
                 Some(n) if (0.0..=max).contains(&n) => n,
                 _ => return Err(self.bad(bound, v)),
             },
-            (Range::Text, _) => return Err(self.bad(bound, v)),
+            (Range::Text | Range::Flag, _) => return Err(self.bad(bound, v)),
         };
         if let Some(other) = bound.at_most {
             let limit = self.given.get(other).and_then(Value::as_u64).unwrap_or(0);

@@ -609,7 +609,8 @@ async fn a_new_connection_pays_the_round_trip_only_under_the_handshake_toxic() {
 }
 
 /// The connection-level toxics: limit_data closes after its bytes, reset_peer resets, timeout
-/// holds bytes (delivered when it goes) and with a limit resets, slow_close delays the FIN.
+/// with our `hold` holds bytes (delivered when it goes) and with a limit resets, slow_close
+/// delays the FIN. (Toxiproxy's own timeout: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_toxics_break_connections_as_asked() {
     let api = start_api().await;
@@ -666,10 +667,10 @@ async fn connection_toxics_break_connections_as_asked() {
     .await
     .unwrap();
 
-    // timeout 0: bytes held while it lasts, delivered once it goes.
+    // timeout 0, held: bytes held while it lasts, delivered once it goes.
     api.toxic(
         "c",
-        json!({"type": "timeout", "attributes": {"timeout": 0}}),
+        json!({"type": "timeout", "attributes": {"timeout": 0, "hold": true}}),
     )
     .await;
     let mut s = connect(&listen).await;
@@ -690,10 +691,10 @@ async fn connection_toxics_break_connections_as_asked() {
         .unwrap();
     assert_eq!(&buf, b"held");
 
-    // timeout with a limit: reset after it.
+    // timeout with a limit, held: reset after it.
     api.toxic(
         "c",
-        json!({"type": "timeout", "attributes": {"timeout": 200}}),
+        json!({"type": "timeout", "attributes": {"timeout": 200, "hold": true}}),
     )
     .await;
     let mut s = connect(&listen).await;
@@ -723,6 +724,122 @@ async fn connection_toxics_break_connections_as_asked() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// Toxiproxy's `timeout` toxic, by default: what is sent under it is dropped, never to arrive;
+/// after `timeout` ms the connection is closed (FIN, not a reset), with 0 it stays open; its
+/// removal closes the connection (Toxiproxy's Cleanup closes the stub). Bytes sent before it
+/// came arrive, and a connection opened after it went is served whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_toxic_drops_and_closes_as_toxiproxys() {
+    let api = start_api().await;
+    let (l, echo) = listener().await;
+    spawn_echo(l);
+    let listen = api.proxy("t", &echo.to_string()).await;
+    async fn connect(addr: &str) -> tokio::net::TcpStream {
+        tokio::net::TcpStream::connect(addr).await.unwrap()
+    }
+    /// Everything until the end of the stream; whether it ended with a reset.
+    async fn read_all(s: &mut tokio::net::TcpStream) -> (Vec<u8>, bool) {
+        let mut got = Vec::new();
+        let reset = tokio::time::timeout(PROMPT, s.read_to_end(&mut got))
+            .await
+            .expect("ends")
+            .is_err();
+        (got, reset)
+    }
+    let remove = |stream: &'static str| {
+        let api = &api;
+        async move {
+            let path = format!("/proxies/t/toxics/timeout_{stream}");
+            api.call(Method::DELETE, &path, None).await.unwrap();
+        }
+    };
+
+    for stream in ["downstream", "upstream"] {
+        // timeout 0: an open connection, its earlier bytes delivered, later ones dropped; the
+        // toxic's removal closes it.
+        let mut s = connect(&listen).await;
+        exchange(&mut s).await;
+        api.toxic(
+            "t",
+            json!({"type": "timeout", "stream": stream, "attributes": {"timeout": 0}}),
+        )
+        .await;
+        s.write_all(b"lost").await.unwrap();
+        let mut buf = [0u8; 4];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(400), s.read(&mut buf))
+                .await
+                .is_err(),
+            "{stream}: timeout 0 keeps the connection open, and nothing comes through"
+        );
+        let removed = Instant::now();
+        remove(stream).await;
+        let (got, reset) = read_all(&mut s).await;
+        assert_eq!(
+            (got.as_slice(), reset),
+            (&b""[..], false),
+            "{stream}: the dropped bytes never arrive, and removal closes with FIN"
+        );
+        assert!(removed.elapsed() < Duration::from_secs(2), "{stream}");
+
+        // timeout 300: closed (FIN) 300 ms after the toxic applied, nothing delivered.
+        api.toxic(
+            "t",
+            json!({"type": "timeout", "stream": stream, "attributes": {"timeout": 300}}),
+        )
+        .await;
+        let start = Instant::now();
+        let mut s = connect(&listen).await;
+        s.write_all(b"lost").await.unwrap();
+        let (got, reset) = read_all(&mut s).await;
+        let took = start.elapsed();
+        assert_eq!((got.as_slice(), reset), (&b""[..], false), "{stream}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{stream}: closed after {took:?}"
+        );
+        remove(stream).await;
+
+        // Gone: a new connection is served whole.
+        let mut s = connect(&listen).await;
+        exchange(&mut s).await;
+    }
+
+    // Held (ours): bytes sent under it arrive intact, in order, after its removal.
+    let mut s = connect(&listen).await;
+    api.toxic(
+        "t",
+        json!({"type": "timeout", "stream": "upstream", "attributes": {"timeout": 0, "hold": true}}),
+    )
+    .await;
+    let toxics = api.client.toxics("t").await.unwrap();
+    assert_eq!(
+        toxics[0].kind(),
+        Some(ToxicKind::Timeout {
+            timeout_ms: 0,
+            hold: true
+        }),
+        "{toxics:?}"
+    );
+    let sent: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut r, mut w) = s.split();
+    w.write_all(&sent).await.unwrap();
+    let mut buf = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), r.read(&mut buf))
+            .await
+            .is_err(),
+        "held"
+    );
+    remove("upstream").await;
+    let mut back = vec![0u8; sent.len()];
+    tokio::time::timeout(PROMPT, r.read_exact(&mut back))
+        .await
+        .expect("delivered after the removal")
+        .unwrap();
+    assert!(back == sent, "every held byte, in order");
 }
 
 /// The Python client `toxiproxy-python` (PyPI), installed by scripts/test.sh into a virtualenv,

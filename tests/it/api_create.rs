@@ -58,9 +58,9 @@ async fn a_proxy_created_with_its_toxics_never_serves_without_them() {
     // refused, named with the toxic, and nothing is created.
     for (toxics, status, says) in [
         (
-            json!([latency(10), {"type": "bandwidth", "name": "bw", "attributes": {"rate": 0}}]),
+            json!([latency(10), {"type": "bandwidth", "name": "bw", "attributes": {"rate": -1}}]),
             400,
-            r#"attribute rate of a bandwidth toxic must be an integer from 1 to 100000000 (KB/s), got 0 (proxy "b", toxic 2 "bw")"#,
+            r#"attribute rate of a bandwidth toxic must be an integer from 0 to 100000000 (KB/s), got -1 (proxy "b", toxic 2 "bw")"#,
         ),
         (
             json!([{"type": "melt"}]),

@@ -2,6 +2,7 @@
 
 mod api;
 mod api_create;
+mod api_matrix;
 mod backend;
 mod calibrate;
 mod cli;

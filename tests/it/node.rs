@@ -1,7 +1,7 @@
 //! The published `toxiproxy-node-client` (npm), unmodified, against `faultrig proxy --api`:
 //! `tests/node/toxiproxy_client.js` asserts what a Toxiproxy user's test would (a 100 ms latency
 //! toxic costs the first exchange of a new connection 100 ms, toxicity 0, update and removal on
-//! a live connection).
+//! a live connection), then every case of the toxic matrix `tests/toxiproxy/matrix.json`.
 
 use crate::util::*;
 

@@ -12,43 +12,73 @@ use super::copy::HandOff;
 use super::schedule::{Release, MAX_SLICES_PER_READ};
 use crate::fault::{Direction as Dir, LinkModel, StreamKey};
 use crate::profile::Profile;
-use crate::toxic::{self, ConnectionFaults, DirectionFaults, Draws, Toxic};
+use crate::toxic::{self, ConnectionFaults, DirectionFaults, Draws, Toxic, ToxicKind};
+
+/// Why the supervisor ends a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// reset_peer, or a held timeout's limit: both ends see a reset.
+    Reset,
+    /// Toxiproxy's timeout toxic timed out or was removed (its `Cleanup` closes the stub):
+    /// this direction delivers what was already due, then FIN, and the connection closes, as
+    /// Toxiproxy closes its sockets (FIN, not RST).
+    Close(Dir),
+}
 
 /// Follows a live connection's toxics: resolves each change and publishes it to the readers
-/// and writers, and returns when a timed toxic (reset_peer, or timeout with a limit) says the
-/// connection must be reset.
+/// and writers, and returns when a timed toxic (reset_peer, timeout with a limit) or the
+/// removal of a timeout toxic ends the connection.
 pub(super) async fn supervise(
     mut toxics: watch::Receiver<Arc<Vec<Toxic>>>,
     base: &Profile,
     mut draws: Draws,
     faults: watch::Sender<Arc<ConnectionFaults>>,
     armed: Arc<Armed>,
-) {
-    // Per direction: when a timeout toxic's hold began, and when reset_peer was armed.
+) -> Ended {
+    // Per direction: when a held timeout began, when a dropping one began, and when
+    // reset_peer was armed.
     let mut held_since: [Option<Instant>; 2] = [None; 2];
+    let mut dropping_since: [Option<Instant>; 2] = [None; 2];
     let mut armed_at: [Option<Instant>; 2] = [None; 2];
+    // The list last resolved, to see which toxics a change removed.
+    let mut listed = toxics.borrow().clone();
     let now = Instant::now();
     for d in [Dir::Upstream, Dir::Downstream] {
-        if faults.borrow().direction(d).hold.is_some() {
+        let f = faults.borrow();
+        if f.direction(d).hold.is_some() {
             held_since[d as usize] = Some(now);
+        }
+        if f.direction(d).discard.is_some() {
+            dropping_since[d as usize] = Some(now);
         }
     }
     loop {
         let current = faults.borrow().clone();
-        let mut deadline: Option<Instant> = None;
+        let mut deadline: Option<(Instant, Ended)> = None;
+        let mut sooner = |at: Instant, why: Ended| {
+            if deadline.is_none_or(|(t, _)| at < t) {
+                deadline = Some((at, why));
+            }
+        };
         for d in [Dir::Upstream, Dir::Downstream] {
             let f = current.direction(d);
             let i = d as usize;
             if let (Some(Some(limit)), Some(since)) = (f.hold, held_since[i]) {
-                deadline = Some(deadline.map_or(since + limit, |x| x.min(since + limit)));
+                sooner(since + limit, Ended::Reset);
+            }
+            if let (Some(Some(limit)), Some(since)) = (f.discard, dropping_since[i]) {
+                sooner(since + limit, Ended::Close(d));
             }
             if let (Some(after), Some(at)) = (f.reset_after, armed_at[i]) {
-                deadline = Some(deadline.map_or(at + after, |x| x.min(at + after)));
+                sooner(at + after, Ended::Reset);
             }
         }
         let expire = async {
             match deadline {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
+                Some((at, why)) => {
+                    tokio::time::sleep_until(at.into()).await;
+                    why
+                }
                 None => std::future::pending().await,
             }
         };
@@ -59,7 +89,17 @@ pub(super) async fn supervise(
                     return std::future::pending().await;
                 }
                 let list = toxics.borrow_and_update().clone();
+                // Toxiproxy's timeout toxic closes the connection when it is removed, whether
+                // or not its toxicity drew it for this connection (its Cleanup is the type's).
+                // Ours reaches only the clients it names.
+                let removed = listed
+                    .iter()
+                    .filter(|t| matches!(t.kind, ToxicKind::Timeout { hold: false, .. }))
+                    .filter(|t| draws.reaches(t) && !list.iter().any(|n| n.name == t.name))
+                    .map(|t| t.stream)
+                    .next();
                 let next = toxic::resolve(base, &list, &mut draws);
+                listed = list;
                 let now = Instant::now();
                 for d in [Dir::Upstream, Dir::Downstream] {
                     let (before, after) = (current.direction(d), next.direction(d));
@@ -69,11 +109,20 @@ pub(super) async fn supervise(
                         (_, false) => held_since[i] = None,
                         _ => {}
                     }
+                    // A changed timeout starts again, as Toxiproxy restarts an updated toxic.
+                    if after.discard.is_none() {
+                        dropping_since[i] = None;
+                    } else if before.discard != after.discard {
+                        dropping_since[i] = Some(now);
+                    }
                     if after.reset_after.is_none() {
                         armed_at[i] = None;
                     }
                 }
                 faults.send_replace(Arc::new(next));
+                if let Some(d) = removed {
+                    return Ended::Close(d);
+                }
             }
             () = armed.rung.notified() => {
                 let first = std::mem::take(&mut *armed.first.lock().unwrap_or_else(|e| e.into_inner()));
@@ -83,7 +132,7 @@ pub(super) async fn supervise(
                     }
                 }
             }
-            () = expire => return,
+            why = expire => return why,
         }
     }
 }

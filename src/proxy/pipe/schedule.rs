@@ -12,7 +12,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::copy::HandOff;
-use super::live::{supervise, Armed, LiveDirection};
+use super::live::{supervise, Armed, Ended, LiveDirection};
 use super::socket::{
     enable_receive_timestamps, read_stamped, reset_and_abort, reset_on_close, shutdown_write,
     write_all_vectored, READ_CHUNK,
@@ -138,16 +138,32 @@ pub async fn schedule_both(
     // has confirmed is published before any byte read in the same wake-up is scheduled (the
     // readers take it up in `catch_up`). Unbiased, a read could win the race and go out under
     // the old toxics even though it was sent after the change was acknowledged.
-    tokio::select! {
+    let mut work = work;
+    let ended = tokio::select! {
         biased;
-        () = supervise => {
-            // A timed toxic ended the connection: both ends see a reset.
+        why = supervise => Some(why),
+        _ = abort.cancelled() => None,
+        _ = &mut work => None,
+    };
+    match ended {
+        Some(Ended::Reset) => {
             reset_on_close(ends.client);
             reset_on_close(ends.upstream);
             abort.cancel();
         }
-        _ = abort.cancelled() => {}
-        _ = work => {}
+        Some(Ended::Close(d)) => {
+            // The direction's writer delivers what was due before, then FIN, and ends the
+            // connection (its reader drops whatever comes meanwhile).
+            match d {
+                Dir::Upstream => up.close_after_queued(),
+                Dir::Downstream => down.close_after_queued(),
+            }
+            tokio::select! {
+                _ = abort.cancelled() => {}
+                _ = work => {}
+            }
+        }
+        None => {}
     }
 }
 
@@ -158,7 +174,8 @@ pub(super) enum Release {
     Slice(Instant, Bytes),
     Fin(Instant),
     Reset(Instant),
-    /// limit_data reached: FIN after the data before it, then close the whole connection.
+    /// limit_data reached, or Toxiproxy's timeout toxic ended: FIN after the data before it,
+    /// then close the whole connection.
     Close(Instant),
 }
 
@@ -212,6 +229,18 @@ impl<'a> HalfPipe<'a> {
         self.pushed.notify_one();
     }
 
+    /// Queues the end of the connection after everything already queued: a FIN to this
+    /// direction's destination, then both sockets closed.
+    fn close_after_queued(&self) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let at = queue
+            .back()
+            .map_or(Instant::now(), |r| r.at().max(Instant::now()));
+        queue.push_back(Release::Close(at));
+        drop(queue);
+        self.pushed.notify_one();
+    }
+
     async fn read(
         &self,
         src: &TcpStream,
@@ -260,6 +289,21 @@ impl<'a> HalfPipe<'a> {
                 l.catch_up(model, arrived);
             }
             let slow_close = live.as_ref().map_or(Duration::ZERO, |l| l.now().slow_close);
+            // Toxiproxy's timeout toxic drops what it reads, and closes on the end of stream.
+            if live.as_ref().is_some_and(|l| l.now().discard.is_some()) {
+                match read {
+                    Ok(Some(_)) => {
+                        self.window.add_permits(READ_CHUNK);
+                        continue;
+                    }
+                    Ok(None) => {
+                        self.window.add_permits(READ_CHUNK);
+                        return self.close_after_queued();
+                    }
+                    // A reset is passed on, as without the toxic.
+                    Err(_) => {}
+                }
+            }
             match read {
                 Ok(Some(mut bytes)) => {
                     // limit_data: carry what is left of the limit, then close.
