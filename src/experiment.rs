@@ -855,6 +855,11 @@ mod tests {
                 include_str!("../scripts/nagle.toml"),
                 2 * 5 * 2 * 2,
             ),
+            (
+                "external-echo",
+                include_str!("../scripts/external-echo.toml"),
+                2 * 2 * 2,
+            ),
         ] {
             let e = ExperimentFile::parse(src, name)
                 .and_then(|f| f.validate(name))
@@ -951,6 +956,68 @@ mod tests {
         assert!(
             e.contains("deduct@sleep:1ms needs a server the runner starts"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn external_flavours_are_tables_named_like_the_built_ins() {
+        let axes = "profiles = [\"lan\"]\nmodes = [\"single\"]\ncalls = 5\n";
+        let table = "[external.echo]\nserve = \"srv --port {port}\"\nclient = \"cli {target}\"\n";
+        // Listed with a built-in, in the list's order.
+        let e = validate(&format!("{axes}flavours = [\"echo\", \"grpc\"]\n{table}")).unwrap();
+        let names: Vec<&str> = e.flavours.iter().map(|f| f.name()).collect();
+        assert_eq!(names, ["echo", "grpc"]);
+        assert!(e.flavours[0].builtin().is_none() && e.flavours[1].builtin().is_some());
+        assert_eq!(e.cells().len(), 2);
+        // No list: every table runs; a list that leaves a table out does not run it.
+        let e = validate(&format!("{axes}{table}")).unwrap();
+        assert_eq!(e.flavours.len(), 1);
+        let e = validate(&format!("{axes}flavours = [\"grpc\"]\n{table}")).unwrap();
+        assert_eq!(e.flavours.len(), 1);
+        assert_eq!(e.flavours[0].name(), "grpc");
+        // Each message names the file's line and the key.
+        let bad =
+            |extra: &str| validate(&format!("{axes}flavours = [\"echo\"]\n{extra}")).unwrap_err();
+        let e = bad("[external.echo]\nserve = \"srv --port {prot}\"\nclient = \"c\"\n");
+        assert!(
+            e.starts_with("x.toml:6: key `external.echo.serve`: unknown placeholder {prot}"),
+            "{e}"
+        );
+        let e = bad("[external.echo]\nserve = \"s {port}\"\nclient = \"c {targte}\"\n");
+        assert!(
+            e.starts_with("x.toml:7: key `external.echo.client`: unknown placeholder {targte}"),
+            "{e}"
+        );
+        let e = bad("[external.echo]\nclient = \"c\"\n");
+        assert!(e.contains("`external.echo.serve`: missing"), "{e}");
+        let e = bad("[external.echo]\nserve = \"s\"\nclient = \"c\"\nport = 3\n");
+        assert!(
+            e.starts_with("x.toml:8:") && e.contains("unknown field `port`"),
+            "{e}"
+        );
+        let e = validate(&format!(
+            "{axes}flavours = [\"grpc\"]\n[external.grpc]\nserve = \"s\"\nclient = \"c\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `external.grpc`") && e.contains("built-in"),
+            "{e}"
+        );
+        let e = validate(&format!("{axes}flavours = [\"echoo\"]\n{table}")).unwrap_err();
+        assert!(
+            e.contains("unknown flavour \"echoo\"") && e.contains("[external.echoo]"),
+            "{e}"
+        );
+        // What external flavours cannot do, refused before any traffic.
+        let with = |extra: &str| {
+            validate(&format!("{axes}flavours = [\"echo\"]\n{extra}\n{table}")).unwrap_err()
+        };
+        assert!(with("engine = \"link\"").contains("key `engine`: external flavour echo"));
+        assert!(with("workloads = [\"deduct@sleep:1ms\"]").contains("key `workloads`"));
+        let remote = with("[remote]\napi = \"a:1\"\n[remote.servers]\ngrpc = \"b:2\"");
+        assert!(
+            remote.contains("key `remote`: external flavour echo"),
+            "{remote}"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! A local run's targets: one `faultrig serve` child process per flavour, backend and
-//! `nodelay` value (so its CPU time and peak RSS can be read from /proc), and one in-process
+//! `nodelay` value (so its CPU time and peak RSS can be read from /proc) — for an external
+//! flavour, its own server ([`super::external`]) — and one in-process
 //! fault proxy per profile in front of each server (named after the profile, so every flavour
 //! meets the same fault streams).
 //!

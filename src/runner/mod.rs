@@ -203,10 +203,14 @@ async fn run_cells(
                         cell: describe(exp, cell),
                         reason,
                     };
-                    progress.println(format!(
-                        "round {}, {}: failed: {}",
-                        failed.round, failed.cell, failed.reason
-                    ));
+                    // Said now, not only at the end (println would say nothing without a
+                    // terminal, where the bar is hidden).
+                    progress.suspend(|| {
+                        eprintln!(
+                            "round {}, {}: failed: {}",
+                            failed.round, failed.cell, failed.reason
+                        )
+                    });
                     outcome.failed.push(failed);
                     continue;
                 }
