@@ -67,13 +67,18 @@ fn a_python_flavour_runs_behind_the_lossy_proxy() {
         assert_eq!(r.flavour, "echo-py");
         assert_eq!(r.profile.as_deref(), Some("lossy-10ms-1pct"));
         assert_eq!((r.calls, r.ok, r.failed), (100, 100, 0), "{what}");
-        // 100 frames of 4 + 64 bytes each way, the warm-up's not among them: the counters
-        // were read when the client said `begin`.
-        assert_eq!(
-            (r.bytes_up, r.bytes_down),
-            (Some(6800), Some(6800)),
-            "{what}"
-        );
+        // 100 frames of 4 + 64 bytes each way, the warm-up's (some 15 frames a worker) not
+        // among them: the counters were read when the client said `begin`. The proxy counts a
+        // frame just after writing it, so on a busy machine the frame at either edge may be
+        // counted on the other side of a reading.
+        let frames = 100 * 68;
+        for (way, bytes) in [("up", r.bytes_up), ("down", r.bytes_down)] {
+            let bytes = bytes.expect("proxy bytes");
+            assert!(
+                bytes.abs_diff(frames) <= 2 * 68,
+                "{what}: {bytes} bytes {way}, not {frames}"
+            );
+        }
         stalls += r.stalls_up.expect("proxy stalls") + r.stalls_down.expect("proxy stalls");
         // 10 ms each way: no call is faster than a round trip.
         assert!(r.lat_min_us.unwrap() >= 20_000, "{what}: {r:?}");
