@@ -261,6 +261,9 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
     });
     let limit = client_limit(exp.stop, exp.warmup, exp.timeout, cell.concurrency, START);
     let mut before = begin().await;
+    // The proxy's connection count, should the client not give its own, runs from here: a
+    // reading at `begin` would race the client's first connection (it does not wait for us).
+    let connections_at_start = before.proxy.as_ref().map(|p| p.connections);
     // Under `faultrig supervise`, as the server is: a run killed outright takes the client
     // with it ([`crate::child`]); spawned from the run's main thread, which the kernel's
     // parent-death signal is tied to.
@@ -395,6 +398,9 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
     Ok(Measured {
         row,
         before,
-        conns_from_proxy: conns.is_none(),
+        conns_since: match conns {
+            Some(_) => None,
+            None => connections_at_start,
+        },
     })
 }

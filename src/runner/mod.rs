@@ -35,8 +35,8 @@ struct Measured {
     row: Row,
     before: Probe,
     /// The client did not count its connections: the proxy's count of those it accepted
-    /// fills `conns_opened`.
-    conns_from_proxy: bool,
+    /// since this reading fills `conns_opened`.
+    conns_since: Option<u64>,
 }
 
 /// A cell that gave no row, and why.
@@ -194,7 +194,7 @@ async fn run_cells(
             let Measured {
                 mut row,
                 before,
-                conns_from_proxy,
+                conns_since,
             } = match measured {
                 Ok(m) => m,
                 Err(reason) => {
@@ -222,8 +222,8 @@ async fn run_cells(
             row.profile = Some(exp.profiles[cell.profile].name.clone());
             row.workload = cell.workload.label.clone();
             row.engine = Some(exp.engine.as_str().to_string());
-            if let (true, Some(b), Some(a)) = (conns_from_proxy, &before.proxy, &after.proxy) {
-                row.conns_opened = a.connections.saturating_sub(b.connections);
+            if let (Some(b), Some(a)) = (conns_since, &after.proxy) {
+                row.conns_opened = a.connections.saturating_sub(b);
             }
             fill_measurements(&mut row, before, after);
             writer.write(&row)?;
@@ -264,7 +264,7 @@ async fn measure(
             Ok(Measured {
                 row: outcome.row(&spec),
                 before,
-                conns_from_proxy: false,
+                conns_since: None,
             })
         }
         CellFlavour::External(x) => {
