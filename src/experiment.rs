@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use std::sync::Arc;
+
 use crate::bench::{Mode, Stop, DEFAULT_CALL_TIMEOUT, MAX_CALLS, MAX_CONCURRENCY};
+use crate::external::{ExternalFile, ExternalFlavour};
 use crate::flavour::{self, Flavour, WritePattern};
 use crate::link::Engine;
 use crate::profile::Profile;
@@ -26,7 +29,7 @@ pub const DEFAULT: &str = include_str!("../scripts/lan-compare.toml");
 pub struct Experiment {
     pub name: String,
     pub profiles: Vec<Profile>,
-    pub flavours: Vec<&'static dyn Flavour>,
+    pub flavours: Vec<CellFlavour>,
     pub modes: Vec<Mode>,
     pub workloads: Vec<CellWorkload>,
     pub concurrency: Vec<usize>,
@@ -131,11 +134,39 @@ impl CellWorkload {
     }
 }
 
+/// What a cell's calls are made with: one of faultrig's flavours, or a framework in any
+/// language run as a server and a client process ([`crate::external`]). The runner asks it
+/// how its server starts and how a cell runs against an address, so another kind of target
+/// is one more variant.
+#[derive(Clone, Debug)]
+pub enum CellFlavour {
+    Builtin(&'static dyn Flavour),
+    External(Arc<ExternalFlavour>),
+}
+
+impl CellFlavour {
+    /// The name in the CSV's `flavour` column.
+    pub fn name(&self) -> &str {
+        match self {
+            CellFlavour::Builtin(f) => f.name(),
+            CellFlavour::External(x) => &x.name,
+        }
+    }
+
+    /// The built-in flavour, for what only they can do (remote runs, the link engine).
+    pub fn builtin(&self) -> Option<&'static dyn Flavour> {
+        match self {
+            CellFlavour::Builtin(f) => Some(*f),
+            CellFlavour::External(_) => None,
+        }
+    }
+}
+
 /// One combination of the axes.
 #[derive(Clone, Debug)]
 pub struct Cell {
     pub profile: usize,
-    pub flavour: &'static dyn Flavour,
+    pub flavour: CellFlavour,
     pub mode: Mode,
     pub workload: CellWorkload,
     pub concurrency: usize,
@@ -169,6 +200,9 @@ pub struct ExperimentFile {
     pub write_pattern: Option<toml::Value>,
     /// Servers and proxy on other hosts.
     pub remote: Option<RemoteFile>,
+    /// External flavours by name: `[external.NAME]` tables. (Not `[flavours.NAME]`: TOML
+    /// allows no table under a key that is already the `flavours` list.)
+    pub external: Option<BTreeMap<String, ExternalFile>>,
     /// Where each value came from, so a message names the file's line or the flag.
     #[serde(skip)]
     pub sources: Sources,
@@ -308,20 +342,7 @@ impl ExperimentFile {
             .iter()
             .map(|p| Profile::load(p).map_err(|e| bad("profiles", e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let flavours = list("flavours", self.flavours)?
-            .iter()
-            .map(|f| {
-                flavour::by_name(f).ok_or_else(|| {
-                    bad(
-                        "flavours",
-                        format!(
-                            "unknown flavour \"{f}\" (use {})",
-                            flavour::names().join(", ")
-                        ),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let flavours = flavours(self.flavours, self.external, &bad)?;
         let modes = list("modes", self.modes)?
             .iter()
             .map(|m| Mode::parse(m).map_err(|e| bad("modes", e)))
@@ -412,6 +433,7 @@ impl ExperimentFile {
             }
         })
         .map_err(|e| bad("write_pattern", e))?;
+        external_limits(&flavours, engine, &workloads, self.remote.is_some(), &bad)?;
         let remote = match self.remote {
             Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, &bad)?),
             None => None,
@@ -437,6 +459,96 @@ impl ExperimentFile {
     }
 }
 
+/// The run's flavours: built-in names and `[external.NAME]` tables (each checked, used or
+/// not, so a typo in one is found now). Without a `flavours` list, every external table runs,
+/// in name order; with one, only what it names (so `--flavours` can pick).
+fn flavours(
+    list: Option<Vec<String>>,
+    external: Option<BTreeMap<String, ExternalFile>>,
+    bad: &dyn Fn(&str, String) -> String,
+) -> Result<Vec<CellFlavour>, String> {
+    let mut defined = Vec::new();
+    for (name, table) in external.unwrap_or_default() {
+        let x = ExternalFlavour::check(&name, table).map_err(|(key, e)| match key {
+            "" => bad(&format!("external.{name}"), e),
+            key => bad(&format!("external.{name}.{key}"), e),
+        })?;
+        defined.push(Arc::new(x));
+    }
+    let names = match list {
+        Some(v) if v.is_empty() => {
+            return Err(bad("flavours", "must list at least one value".into()))
+        }
+        Some(v) => v,
+        None if !defined.is_empty() => defined.iter().map(|x| x.name.clone()).collect(),
+        None => return Err(bad("flavours", "missing".into())),
+    };
+    names
+        .iter()
+        .map(|f| match flavour::by_name(f) {
+            Some(b) => Ok(CellFlavour::Builtin(b)),
+            None => match defined.iter().find(|x| &x.name == f) {
+                Some(x) => Ok(CellFlavour::External(x.clone())),
+                None => Err(bad(
+                    "flavours",
+                    format!(
+                        "unknown flavour \"{f}\" (use {}, or describe your own in an \
+                         [external.{f}] table)",
+                        flavour::names().join(", ")
+                    ),
+                )),
+            },
+        })
+        .collect()
+}
+
+/// What external flavours cannot be combined with, checked before any traffic.
+fn external_limits(
+    flavours: &[CellFlavour],
+    engine: Engine,
+    workloads: &[CellWorkload],
+    remote: bool,
+    bad: &dyn Fn(&str, String) -> String,
+) -> Result<(), String> {
+    let Some(x) = flavours.iter().find(|f| f.builtin().is_none()) else {
+        return Ok(());
+    };
+    let name = x.name();
+    if remote {
+        // The runner starts an external flavour's processes here; a remote run starts nothing.
+        return Err(bad(
+            "remote",
+            format!(
+                "external flavour {name}: a [remote] run starts no servers or clients; run it \
+                 locally (its target = \"HOST:PORT\" may be another host)"
+            ),
+        ));
+    }
+    if engine == Engine::Link {
+        return Err(bad(
+            "engine",
+            format!(
+                "external flavour {name}: the link engine needs servers and clients that make \
+                 their sockets in its namespaces; use the model or kernel engine"
+            ),
+        ));
+    }
+    if let Some(w) = workloads
+        .iter()
+        .find(|w| w.backend != BackendSpec::Given(Backend::None))
+    {
+        return Err(bad(
+            "workloads",
+            format!(
+                "{}: a backend is something faultrig's servers call; external flavour {name}'s \
+                 server has its own (use plain deduct)",
+                w.label
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// An axis given as one value or a list of them, each checked by `parse`; `default` alone when
 /// not given.
 fn axis<T>(
@@ -458,7 +570,7 @@ fn axis<T>(
 fn remote(
     r: RemoteFile,
     profile_names: &[String],
-    flavours: &[&'static dyn Flavour],
+    flavours: &[CellFlavour],
     workloads: &[CellWorkload],
     blame: &dyn Fn(&str, String) -> String,
 ) -> Result<Remote, String> {
@@ -550,7 +662,7 @@ impl Experiment {
     pub fn cells(&self) -> Vec<Cell> {
         let mut cells = Vec::new();
         for profile in 0..self.profiles.len() {
-            for &flavour in &self.flavours {
+            for flavour in &self.flavours {
                 for &mode in &self.modes {
                     for workload in &self.workloads {
                         for &concurrency in &self.concurrency {
@@ -558,7 +670,7 @@ impl Experiment {
                                 for &write_pattern in &self.write_patterns {
                                     cells.push(Cell {
                                         profile,
-                                        flavour,
+                                        flavour: flavour.clone(),
                                         mode,
                                         workload: workload.clone(),
                                         concurrency,
@@ -576,7 +688,7 @@ impl Experiment {
     }
 
     /// Where `flavour` stands in `flavours`.
-    pub fn flavour_index(&self, flavour: &dyn Flavour) -> usize {
+    pub fn flavour_index(&self, flavour: &CellFlavour) -> usize {
         self.flavours
             .iter()
             .position(|f| f.name() == flavour.name())
@@ -743,6 +855,11 @@ mod tests {
                 include_str!("../scripts/nagle.toml"),
                 2 * 5 * 2 * 2,
             ),
+            (
+                "external-echo",
+                include_str!("../scripts/external-echo.toml"),
+                2 * 2 * 2,
+            ),
         ] {
             let e = ExperimentFile::parse(src, name)
                 .and_then(|f| f.validate(name))
@@ -839,6 +956,68 @@ mod tests {
         assert!(
             e.contains("deduct@sleep:1ms needs a server the runner starts"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn external_flavours_are_tables_named_like_the_built_ins() {
+        let axes = "profiles = [\"lan\"]\nmodes = [\"single\"]\ncalls = 5\n";
+        let table = "[external.echo]\nserve = \"srv --port {port}\"\nclient = \"cli {target}\"\n";
+        // Listed with a built-in, in the list's order.
+        let e = validate(&format!("{axes}flavours = [\"echo\", \"grpc\"]\n{table}")).unwrap();
+        let names: Vec<&str> = e.flavours.iter().map(|f| f.name()).collect();
+        assert_eq!(names, ["echo", "grpc"]);
+        assert!(e.flavours[0].builtin().is_none() && e.flavours[1].builtin().is_some());
+        assert_eq!(e.cells().len(), 2);
+        // No list: every table runs; a list that leaves a table out does not run it.
+        let e = validate(&format!("{axes}{table}")).unwrap();
+        assert_eq!(e.flavours.len(), 1);
+        let e = validate(&format!("{axes}flavours = [\"grpc\"]\n{table}")).unwrap();
+        assert_eq!(e.flavours.len(), 1);
+        assert_eq!(e.flavours[0].name(), "grpc");
+        // Each message names the file's line and the key.
+        let bad =
+            |extra: &str| validate(&format!("{axes}flavours = [\"echo\"]\n{extra}")).unwrap_err();
+        let e = bad("[external.echo]\nserve = \"srv --port {prot}\"\nclient = \"c\"\n");
+        assert!(
+            e.starts_with("x.toml:6: key `external.echo.serve`: unknown placeholder {prot}"),
+            "{e}"
+        );
+        let e = bad("[external.echo]\nserve = \"s {port}\"\nclient = \"c {targte}\"\n");
+        assert!(
+            e.starts_with("x.toml:7: key `external.echo.client`: unknown placeholder {targte}"),
+            "{e}"
+        );
+        let e = bad("[external.echo]\nclient = \"c\"\n");
+        assert!(e.contains("`external.echo.serve`: missing"), "{e}");
+        let e = bad("[external.echo]\nserve = \"s\"\nclient = \"c\"\nport = 3\n");
+        assert!(
+            e.starts_with("x.toml:8:") && e.contains("unknown field `port`"),
+            "{e}"
+        );
+        let e = validate(&format!(
+            "{axes}flavours = [\"grpc\"]\n[external.grpc]\nserve = \"s\"\nclient = \"c\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `external.grpc`") && e.contains("built-in"),
+            "{e}"
+        );
+        let e = validate(&format!("{axes}flavours = [\"echoo\"]\n{table}")).unwrap_err();
+        assert!(
+            e.contains("unknown flavour \"echoo\"") && e.contains("[external.echoo]"),
+            "{e}"
+        );
+        // What external flavours cannot do, refused before any traffic.
+        let with = |extra: &str| {
+            validate(&format!("{axes}flavours = [\"echo\"]\n{extra}\n{table}")).unwrap_err()
+        };
+        assert!(with("engine = \"link\"").contains("key `engine`: external flavour echo"));
+        assert!(with("workloads = [\"deduct@sleep:1ms\"]").contains("key `workloads`"));
+        let remote = with("[remote]\napi = \"a:1\"\n[remote.servers]\ngrpc = \"b:2\"");
+        assert!(
+            remote.contains("key `remote`: external flavour echo"),
+            "{remote}"
         );
     }
 }

@@ -216,6 +216,24 @@ mod tests {
             }
         }
 
+        /// What an external flavour's client prints (any program's standard output), line by
+        /// line into a tally, as the runner reads it; and its command lines.
+        #[test]
+        fn external_client_output(text in hostile_text(Just(
+            "# warm\n12 ok\nbegin\n4000000 timeout\n99 reset\nconns 18446744073709551615\n".to_string()
+        ))) {
+            let mut tally = crate::external::Tally::default();
+            for line in text.lines() {
+                if let Ok(l) = crate::external::Line::parse(line) {
+                    tally.add(l);
+                }
+            }
+            let _ = tally.calls();
+            if let Ok(t) = crate::external::Template::parse(&text, &crate::external::Placeholder::ALL) {
+                let _ = t.fill(|p| p.name().to_string());
+            }
+        }
+
         /// `report`'s input: rows of a results CSV, their `hdr` fields included.
         #[test]
         fn results_csv(text in hostile_text(results_csv_text())) {
@@ -259,12 +277,13 @@ mod tests {
         "longhaul",
         "lan-wifi",
     ];
-    const EXPERIMENTS: [&str; 5] = [
+    const EXPERIMENTS: [&str; 6] = [
         "lan-compare",
         "concurrency-sweep",
         "payload-sweep",
         "backend",
         "nagle",
+        "external-echo",
     ];
 
     /// One of the repository's own TOML files, `dir/NAME.toml`.

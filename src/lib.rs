@@ -23,7 +23,8 @@
 //!   beside the flavours' own ([`bench::RigTarget`]).
 //! - [`calibrate`]: `faultrig calibrate`, the model against real kernel TCP, side by side.
 //! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
-//!   proxies started here, or on other hosts driven through their control API), the tables.
+//!   proxies started here, or on other hosts driven through their control API), the tables;
+//!   [`external`]: flavours in any language, run as a server and a client process.
 //! - [`net`]: listener set-up and the one accept loop every server uses; [`child`]: child
 //!   processes that end with the process that started them.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
@@ -36,6 +37,7 @@ pub mod calibrate;
 pub mod child;
 pub mod cli;
 pub mod experiment;
+pub mod external;
 pub mod fault;
 pub mod flavour;
 pub mod link;

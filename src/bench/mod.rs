@@ -97,16 +97,28 @@ impl BenchOutcome {
     /// The CSV row of this outcome; the caller fills run-level columns (run id, host, round,
     /// profile) and anything it measured elsewhere (proxy, server).
     pub fn row(&self, spec: &BenchSpec) -> Row {
+        Row {
+            flavour: spec.load.name().to_string(),
+            mode: spec.mode.to_string(),
+            workload: spec.load.label(),
+            concurrency: spec.concurrency as u32,
+            seed: spec.seed,
+            nodelay: Some(spec.socket.nodelay),
+            write_pattern: Some(spec.socket.write_pattern.as_str().to_string()),
+            ..self.measured_row()
+        }
+    }
+
+    /// The columns of what was measured (calls, outcomes, latency, time, connections, bytes),
+    /// the rest left for the caller: one place for every row made of calls, whoever made
+    /// them (an external flavour's client too).
+    pub fn measured_row(&self) -> Row {
         let per_call = |bytes: u64| (self.calls > 0).then(|| bytes.div_ceil(self.calls));
         let mut row = Row {
             // Milliseconds: the report tells rows that ran at once from rows that ran one
             // after the other by these times.
             started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
-            flavour: spec.load.name().to_string(),
-            mode: spec.mode.to_string(),
-            workload: spec.load.label(),
             payload_bytes: self.payload_bytes as u64,
-            concurrency: spec.concurrency as u32,
             calls: self.calls,
             ok: self.ok,
             failed: self.failed(),
@@ -120,9 +132,6 @@ impl BenchOutcome {
             conns_opened: self.conns_opened,
             req_bytes: per_call(self.bytes_out),
             resp_bytes: per_call(self.bytes_in),
-            seed: spec.seed,
-            nodelay: Some(spec.socket.nodelay),
-            write_pattern: Some(spec.socket.write_pattern.as_str().to_string()),
             ..Row::default()
         };
         row.set_latency(&self.latency);

@@ -159,7 +159,7 @@ pub fn run(r: Run) -> Result<(), CliError> {
     };
     // block_on runs the runner on this (the main) thread, which spawns the servers: their
     // parent-death signal is tied to the spawning thread ([`crate::child`]).
-    let rows = rt
+    let outcome = rt
         .block_on(crate::runner::run(
             experiment,
             &files,
@@ -168,8 +168,17 @@ pub fn run(r: Run) -> Result<(), CliError> {
             interrupted,
         ))
         .map_err(CliError::Failed)?;
+    let rows = &outcome.rows;
+    // Failed cells (an external flavour's client that exited non-zero, hung or printed
+    // garbage) have no row: they are listed in a file next to the CSV and after the report.
+    let failed = failed_cells(&files, &outcome.failed)?;
+    if rows.is_empty() && !outcome.failed.is_empty() {
+        return Err(CliError::Failed(anyhow::anyhow!(
+            "every cell failed, so there is no report\n{failed}"
+        )));
+    }
     let table =
-        Table::build(&rows, experiment.round_summary).map_err(|e| CliError::Failed(e.into()))?;
+        Table::build(rows, experiment.round_summary).map_err(|e| CliError::Failed(e.into()))?;
     let html = files.dir.join("report.html");
     let title = format!("faultrig run {run_id}");
     let done = format!(
@@ -179,12 +188,45 @@ pub fn run(r: Run) -> Result<(), CliError> {
         html.display()
     );
     println!();
-    finish_report(
+    let reported = finish_report(
         &table,
         rows.len(),
         &r.report,
         None,
         Some((&html, &title)),
         &done,
-    )
+    );
+    if outcome.failed.is_empty() {
+        return reported;
+    }
+    // Exit 1, as a failed gate does; with the gates' own failures when there are some.
+    match reported {
+        Ok(()) => Err(CliError::Failed(anyhow::anyhow!(failed))),
+        Err(CliError::Failed(e)) => Err(CliError::Failed(anyhow::anyhow!("{e}\n{failed}"))),
+        Err(usage) => Err(usage),
+    }
+}
+
+/// Writes OUT/RUN_ID/failed-cells.txt (one line per failed cell: round, cell, reason) when a
+/// cell failed; returns the same lines under a heading naming the file.
+fn failed_cells(
+    files: &crate::runner::RunFiles,
+    failed: &[crate::runner::FailedCell],
+) -> Result<String, CliError> {
+    if failed.is_empty() {
+        return Ok(String::new());
+    }
+    let path = files.dir.join("failed-cells.txt");
+    let lines: Vec<String> = failed
+        .iter()
+        .map(|f| format!("round {}, {}: {}", f.round, f.cell, f.reason))
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n")
+        .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))?;
+    Ok(format!(
+        "{} cell(s) failed and have no row (also in {}):\n{}",
+        failed.len(),
+        path.display(),
+        lines.join("\n")
+    ))
 }

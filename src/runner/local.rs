@@ -1,5 +1,6 @@
 //! A local run's targets: one `faultrig serve` child process per flavour, backend and
-//! `nodelay` value (so its CPU time and peak RSS can be read from /proc), and one in-process
+//! `nodelay` value (so its CPU time and peak RSS can be read from /proc) — for an external
+//! flavour, its own server ([`super::external`]) — and one in-process
 //! fault proxy per profile in front of each server (named after the profile, so every flavour
 //! meets the same fault streams).
 //!
@@ -20,8 +21,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Probe;
 use crate::child::Announced;
-use crate::experiment::{BackendSpec, Cell, Experiment};
-use crate::flavour::{Flavour, SocketOptions};
+use crate::experiment::{BackendSpec, Cell, CellFlavour, Experiment};
+use crate::flavour::SocketOptions;
 use crate::link::{Engine, NamespacePair, PAIR_ADDRS};
 use crate::local_redis::LocalRedis;
 use crate::net::Served;
@@ -74,7 +75,7 @@ impl LocalTargets {
                 }
             };
             let mut per_flavour = Vec::new();
-            for &flavour in &exp.flavours {
+            for flavour in &exp.flavours {
                 let mut per_nodelay = Vec::new();
                 for &nodelay in &exp.nodelay {
                     let target = if exp.engine == Engine::Link {
@@ -122,7 +123,7 @@ impl LocalTargets {
 
     /// The cell's server, and its proxy (none with the link engine).
     fn target(&self, exp: &Experiment, cell: &Cell) -> (&Server, Option<&RunningProxy>) {
-        let f = exp.flavour_index(cell.flavour);
+        let f = exp.flavour_index(&cell.flavour);
         let d = self
             .backends
             .iter()
@@ -239,26 +240,45 @@ struct Target {
     proxies: Vec<RunningProxy>,
 }
 
-/// A `faultrig serve` child process; stopped and reaped on drop, and ending by itself if this
-/// process dies ([`crate::child`]).
+/// A cell's server: a `faultrig serve` child process (stopped and reaped on drop, and ending
+/// by itself if this process dies: [`crate::child`]), or an external flavour's.
 struct Server {
-    /// Stopped and reaped on drop.
-    process: Announced,
+    process: ServerProcess,
     addr: String,
+}
+
+enum ServerProcess {
+    Faultrig(Announced),
+    /// Started from its `serve` line (held only to be stopped on drop), or none when the
+    /// flavour gives its `target`.
+    External {
+        _process: Option<super::external::ServerProcess>,
+    },
 }
 
 /// How long a server may take to say where it listens.
 const SERVER_START: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Server {
-    /// Starts a server on a loopback port, or (`listener`) serving a socket made elsewhere.
+    /// Starts a server for `flavour` on a loopback port, or (`listener`) serving a socket made
+    /// elsewhere (built-in flavours only: validation keeps external ones off the link engine).
     fn start(
         bin: &Path,
-        flavour: &dyn Flavour,
+        flavour: &CellFlavour,
         backend: &Backend,
         nodelay: bool,
         listener: Option<std::net::TcpListener>,
     ) -> anyhow::Result<Server> {
+        let flavour = match flavour {
+            CellFlavour::Builtin(f) => f,
+            CellFlavour::External(x) => {
+                let (process, addr) = super::external::start_server(bin, x, nodelay)?;
+                return Ok(Server {
+                    process: ServerProcess::External { _process: process },
+                    addr,
+                });
+            }
+        };
         let mut command = Command::new(bin);
         command.args([
             "serve",
@@ -285,13 +305,25 @@ impl Server {
         let process = Announced::spawn(command, SERVER_START)
             .with_context(|| format!("start the {} server", flavour.name()))?;
         let addr = process.addr.clone();
-        Ok(Server { process, addr })
+        Ok(Server {
+            process: ServerProcess::Faultrig(process),
+            addr,
+        })
+    }
+
+    /// The `faultrig serve` process, whose CPU time and memory the row reports. An external
+    /// server runs under `faultrig supervise`, whose own figures would say nothing of it.
+    fn faultrig(&self) -> Option<&Announced> {
+        match &self.process {
+            ServerProcess::Faultrig(p) => Some(p),
+            ServerProcess::External { .. } => None,
+        }
     }
 
     /// CPU time (user + system) so far, in milliseconds.
     fn cpu_ms(&self) -> Option<u64> {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.process.child.id())).ok()?;
+        let pid = self.faultrig()?.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
         let rest = &stat[stat.rfind(')')? + 2..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -305,12 +337,14 @@ impl Server {
 
     /// Resets the peak-RSS mark, so the next read covers one cell.
     fn reset_peak_rss(&self) {
-        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.process.child.id()), "5");
+        if let Some(p) = self.faultrig() {
+            let _ = std::fs::write(format!("/proc/{}/clear_refs", p.child.id()), "5");
+        }
     }
 
     /// Peak resident set size since the last reset, in KiB.
     fn peak_rss_kb(&self) -> Option<u64> {
-        self.process.status_kib("VmHWM")
+        self.faultrig()?.status_kib("VmHWM")
     }
 }
 
@@ -375,7 +409,7 @@ mod tests {
             std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
             let e = Server::start(
                 &fake,
-                &crate::flavour::tcp_binary::TcpBinary,
+                &CellFlavour::Builtin(&crate::flavour::tcp_binary::TcpBinary),
                 &Backend::None,
                 true,
                 None,

@@ -4,6 +4,7 @@
 //! measured. Both kinds of target give the same CSV; what one cannot measure (a remote server's
 //! CPU time) stays empty.
 
+mod external;
 mod local;
 mod remote;
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::bench::{self, BenchSpec, RigTarget};
-use crate::experiment::{Cell, Experiment};
+use crate::experiment::{Cell, CellFlavour, Experiment};
 use crate::flavour::SocketOptions;
 use crate::proxy::StatsSnapshot;
 use crate::results::{ResultsWriter, Row};
@@ -27,6 +28,32 @@ struct Probe {
     server_cpu_ms: Option<u64>,
     /// The server's peak RSS since the cell began (read after it).
     server_rss_kb: Option<u64>,
+}
+
+/// A cell measured: its row (before the run-level and proxy columns), and the counters as
+/// its measured calls began.
+struct Measured {
+    row: Row,
+    before: Probe,
+    /// The client did not count its connections: the proxy's count of those it accepted
+    /// since this reading fills `conns_opened`.
+    conns_since: Option<u64>,
+}
+
+/// A cell that gave no row, and why.
+#[derive(Clone, Debug)]
+pub struct FailedCell {
+    pub round: u32,
+    /// The cell's axes, as the report names them.
+    pub cell: String,
+    pub reason: String,
+}
+
+/// What a run produced: a row per measured cell, and the cells that failed.
+#[derive(Debug, Default)]
+pub struct RunOutcome {
+    pub rows: Vec<Row>,
+    pub failed: Vec<FailedCell>,
 }
 
 /// The servers and proxies of a run.
@@ -104,42 +131,45 @@ impl RunFiles {
     }
 }
 
-/// Runs every cell of `exp`; returns the rows written. Stops early (with every finished row on
-/// disk) when `interrupted` completes.
+/// Runs every cell of `exp`; returns the rows written and the cells that failed. Stops early
+/// (with every finished row on disk) when `interrupted` completes.
 pub async fn run(
     exp: &Experiment,
     files: &RunFiles,
     bin: &Path,
     host: &str,
     interrupted: impl std::future::Future,
-) -> anyhow::Result<Vec<Row>> {
+) -> anyhow::Result<RunOutcome> {
     let mut writer = ResultsWriter::append(&files.csv)
         .with_context(|| format!("write {}", files.csv.display()))?;
     let mut targets = Targets::start(exp, bin).await?;
-    let mut rows = Vec::new();
+    let mut outcome = RunOutcome::default();
     let measured = run_cells(
         exp,
         files,
+        bin,
         host,
         &mut targets,
         &mut writer,
-        &mut rows,
+        &mut outcome,
         interrupted,
     );
     let result = measured.await;
     // Also after a failure: a remote proxy host is left as it was found.
     targets.finish().await;
-    result.map(|()| rows)
+    result.map(|()| outcome)
 }
 
-/// Every cell, round by round; each row is written and kept in `rows` as soon as it is measured.
+/// Every cell, round by round; each row is written and kept as soon as it is measured, each
+/// failed cell kept with its reason.
 async fn run_cells(
     exp: &Experiment,
     files: &RunFiles,
+    bin: &Path,
     host: &str,
     targets: &mut Targets,
     writer: &mut ResultsWriter,
-    rows: &mut Vec<Row>,
+    outcome: &mut RunOutcome,
     interrupted: impl std::future::Future,
 ) -> anyhow::Result<()> {
     let cells = exp.cells();
@@ -154,12 +184,72 @@ async fn run_cells(
     for round in 1..=exp.rounds {
         for cell in &cells {
             let (addr, socket) = targets.enter(exp, cell).await;
+            let measured = tokio::select! {
+                measured = measure(exp, cell, addr, socket, targets, bin) => measured,
+                _ = &mut interrupted => {
+                    progress.abandon_with_message("interrupted");
+                    return Ok(());
+                }
+            };
+            progress.inc(1);
+            let Measured {
+                mut row,
+                before,
+                conns_since,
+            } = match measured {
+                Ok(m) => m,
+                Err(reason) => {
+                    let failed = FailedCell {
+                        round,
+                        cell: describe(exp, cell),
+                        reason,
+                    };
+                    // Said now, not only at the end (println would say nothing without a
+                    // terminal, where the bar is hidden).
+                    progress.suspend(|| {
+                        eprintln!(
+                            "round {}, {}: failed: {}",
+                            failed.round, failed.cell, failed.reason
+                        )
+                    });
+                    outcome.failed.push(failed);
+                    continue;
+                }
+            };
+            let after = targets.leave(exp, cell).await;
+            row.run_id = files.run_id.clone();
+            row.host = host.to_string();
+            row.round = round;
+            row.profile = Some(exp.profiles[cell.profile].name.clone());
+            row.workload = cell.workload.label.clone();
+            row.engine = Some(exp.engine.as_str().to_string());
+            if let (Some(b), Some(a)) = (conns_since, &after.proxy) {
+                row.conns_opened = a.connections.saturating_sub(b);
+            }
+            fill_measurements(&mut row, before, after);
+            writer.write(&row)?;
+            progress.set_message(format!("{:.0} calls/s", row.throughput_rps));
+            outcome.rows.push(row);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
+
+/// Runs one cell's calls against `addr` with its flavour; the counters are read after the
+/// warm-up, so they cover the row's calls only. `Err` is why the cell gave no row.
+async fn measure(
+    exp: &Experiment,
+    cell: &Cell,
+    addr: String,
+    socket: SocketOptions,
+    targets: &Targets,
+    bin: &Path,
+) -> Result<Measured, String> {
+    match &cell.flavour {
+        CellFlavour::Builtin(flavour) => {
             let spec = BenchSpec {
-                load: Arc::new(RigTarget::new(
-                    cell.flavour,
-                    cell.workload.workload,
-                    exp.seed,
-                )),
+                load: Arc::new(RigTarget::new(*flavour, cell.workload.workload, exp.seed)),
                 target: addr,
                 mode: cell.mode,
                 concurrency: cell.concurrency,
@@ -170,31 +260,39 @@ async fn run_cells(
                 seed: exp.seed,
                 socket,
             };
-            // The counters are read after the warm-up, so they cover the row's calls only.
-            let (outcome, before) = tokio::select! {
-                measured = bench::run_with(&spec, targets.begin(exp, cell)) => measured,
-                _ = &mut interrupted => {
-                    progress.abandon_with_message("interrupted");
-                    return Ok(());
-                }
-            };
-            let after = targets.leave(exp, cell).await;
-            let mut row = outcome.row(&spec);
-            row.run_id = files.run_id.clone();
-            row.host = host.to_string();
-            row.round = round;
-            row.profile = Some(exp.profiles[cell.profile].name.clone());
-            row.workload = cell.workload.label.clone();
-            row.engine = Some(exp.engine.as_str().to_string());
-            fill_measurements(&mut row, before, after);
-            writer.write(&row)?;
-            progress.set_message(format!("{:.0} calls/s", outcome.throughput()));
-            progress.inc(1);
-            rows.push(row);
+            let (outcome, before) = bench::run_with(&spec, targets.begin(exp, cell)).await;
+            Ok(Measured {
+                row: outcome.row(&spec),
+                before,
+                conns_since: None,
+            })
+        }
+        CellFlavour::External(x) => {
+            external::run_cell(bin, x, exp, cell, &addr, || targets.begin(exp, cell))
+                .await
+                .map_err(|e| format!("external flavour {}: its client {e}", x.name))
         }
     }
-    progress.finish_and_clear();
-    Ok(())
+}
+
+/// `profile P, flavour F, mode M, workload W, concurrency C` (and the socket axes when the
+/// experiment varies them): which cell a message is about.
+fn describe(exp: &Experiment, cell: &Cell) -> String {
+    let mut s = format!(
+        "profile {}, flavour {}, mode {}, workload {}, concurrency {}",
+        exp.profiles[cell.profile].name,
+        cell.flavour.name(),
+        cell.mode,
+        cell.workload.label,
+        cell.concurrency
+    );
+    if exp.nodelay.len() > 1 {
+        s += &format!(", nodelay {}", cell.nodelay);
+    }
+    if exp.write_patterns.len() > 1 {
+        s += &format!(", write pattern {}", cell.write_pattern.as_str());
+    }
+    s
 }
 
 /// The proxy's and server's share of the cell: differences of counters read around it.

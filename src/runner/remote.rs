@@ -79,8 +79,21 @@ impl RemoteTargets {
                  open to this host?"
             ),
         }
-        let specs: Vec<ProxyJson> = exp
+        // Validation refuses external flavours with [remote]; this says so again rather than
+        // trusting it.
+        let flavours = exp
             .flavours
+            .iter()
+            .map(|f| {
+                f.builtin().ok_or_else(|| {
+                    anyhow!(
+                        "external flavour {}: a remote run has built-in flavours only",
+                        f.name()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<&'static dyn Flavour>>>()?;
+        let specs: Vec<ProxyJson> = flavours
             .iter()
             .zip(&remote.servers)
             .enumerate()
@@ -105,12 +118,12 @@ impl RemoteTargets {
             profile_toxics: remote.profile_toxics.clone(),
         };
         let mut proxies = Vec::new();
-        for (&flavour, server) in exp.flavours.iter().zip(&remote.servers) {
+        for (&flavour, server) in flavours.iter().zip(&remote.servers) {
             match api.prepare(exp, flavour, server, &api_host).await {
                 Ok(p) => proxies.push(p),
                 Err(e) => {
                     // Leave the proxy host as it was found.
-                    let names = exp.flavours.iter().map(|&f| proxy_name(f));
+                    let names = flavours.iter().map(|&f| proxy_name(f));
                     api.remove(names).await;
                     return Err(e);
                 }
@@ -121,7 +134,7 @@ impl RemoteTargets {
 
     /// Puts the cell's profile in place; returns where its calls go.
     pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
-        let p = &mut self.proxies[exp.flavour_index(cell.flavour)];
+        let p = &mut self.proxies[exp.flavour_index(&cell.flavour)];
         if p.profile != Some(cell.profile) {
             if let Err(e) = self.api.set_profile(p, cell.profile).await {
                 // The proxy host is unreachable or failing: its calls will fail and be counted.
@@ -138,7 +151,7 @@ impl RemoteTargets {
     /// The cell's proxy counters, read on the proxy host: as its measured calls begin, and
     /// after them.
     pub async fn counters(&self, exp: &Experiment, cell: &Cell) -> Probe {
-        let p = &self.proxies[exp.flavour_index(cell.flavour)];
+        let p = &self.proxies[exp.flavour_index(&cell.flavour)];
         Probe {
             proxy: self.api.stats(&p.name).await,
             ..Probe::default()

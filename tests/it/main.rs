@@ -8,6 +8,7 @@ mod calibrate;
 mod cli;
 mod ctl;
 mod e2e;
+mod external;
 mod flavours;
 mod limits;
 mod link;
