@@ -661,3 +661,68 @@ fn same_listen(current: &str, requested: &str) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A wrongly-typed field gets its own message, and fields are checked in the same order
+    /// whatever order the body gives them in.
+    #[test]
+    fn wrongly_typed_proxy_fields_get_their_own_messages() {
+        let err = |v: Value| ProxySpec::from_json(v, None).unwrap_err().message;
+        assert_eq!(
+            err(json!({"name": 5, "upstream": "h:1"})),
+            "bad request body: name must be a string, got 5"
+        );
+        assert_eq!(
+            err(json!({"upstream": 5})),
+            "missing required field: name",
+            "a missing name before a bad upstream"
+        );
+        assert_eq!(
+            err(json!({"name": "p", "upstream": "h:1", "enabled": "yes"})),
+            "bad request body: enabled must be true or false, got \"yes\""
+        );
+        assert_eq!(
+            err(json!({"name": "p", "upstream": "h:1", "toxics": [5]})),
+            "bad request body: expected a JSON object (proxy \"p\", toxic 1)"
+        );
+        assert_eq!(err(json!([])), "bad request body: expected a JSON object");
+        let spec = ProxySpec::from_json(
+            json!({"name": "p", "upstream": "h:1", "listen": null}),
+            Some(0),
+        )
+        .unwrap();
+        assert_eq!(spec.listen, DEFAULT_LISTEN);
+        assert!(spec.enabled);
+    }
+
+    #[test]
+    fn wrongly_typed_toxic_fields_get_toxiproxys_messages() {
+        let err = |v: Value| {
+            super::super::parse_body(v)
+                .and_then(|r: ToxicRequest| ToxicEntry::create(&r, 0))
+                .unwrap_err()
+                .message
+        };
+        assert_eq!(
+            err(json!({"type": "noop", "stream": 1})),
+            ApiError::invalid_stream().message
+        );
+        assert_eq!(
+            err(json!({"type": "noop", "name": []})),
+            "bad request body: name must be a string"
+        );
+        assert_eq!(err(json!({"type": 7})), "invalid toxic type");
+        assert_eq!(
+            err(json!({"type": "noop", "toxicity": 1e300})),
+            "bad request body: toxicity must be a number in [0, 1], got 1e+300"
+        );
+        assert_eq!(
+            err(json!({"type": "noop", "attributes": [1]})),
+            "bad request body: attributes must be an object"
+        );
+    }
+}
