@@ -188,14 +188,18 @@ mod tests {
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else {
                 return Ok(());
             };
-            let _ = ProxySpec::from_json(&v, None);
+            let _ = ProxySpec::from_json(v.clone(), None);
             if let Some(list) = v.as_array() {
                 for (i, p) in list.iter().enumerate() {
-                    let _ = ProxySpec::from_json(p, Some(i));
+                    let _ = ProxySpec::from_json(p.clone(), Some(i));
                 }
             }
-            if let Ok(toxic) = crate::api::toxics::ToxicEntry::create(&v, 1) {
-                let _ = toxic.update(&v, 2);
+            let _ = crate::api::parse_body::<crate::api::wire::ProxyUpdate>(v.clone());
+            let request = crate::api::parse_body::<crate::api::wire::ToxicRequest>(v.clone());
+            if let Ok(toxic) = request.and_then(|r| crate::api::toxics::ToxicEntry::create(&r, 1)) {
+                if let Ok(update) = crate::api::parse_body(v) {
+                    let _ = toxic.update(&update, 2);
+                }
                 let _ = toxic.to_wire();
             }
         }

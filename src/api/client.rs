@@ -14,7 +14,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::timeout;
 
-use super::wire::{PopulateJson, ProxyJson, StatsJson, ToxicJson, ToxicUpdate, VersionJson};
+use super::wire::{
+    PopulateJson, ProxyJson, ProxyUpdate, StatsJson, ToxicJson, ToxicUpdate, VersionJson,
+};
 use super::ApiError;
 
 /// How long the client waits, and how much it reads: an API that stalls or streams without end
@@ -287,7 +289,10 @@ impl Client {
 
     /// `POST /proxies/{name}` with `enabled`: starts or stops the proxy.
     pub async fn set_enabled(&self, name: &str, enabled: bool) -> Result<ProxyJson, ClientError> {
-        let body = serde_json::json!({ "enabled": enabled });
+        let body = ProxyUpdate {
+            enabled: Some(enabled.into()),
+            ..ProxyUpdate::default()
+        };
         self.call(Method::POST, &proxy_path(name), Some(&body))
             .await
     }

@@ -3,7 +3,7 @@
 //!
 //! - [`registry`]: the named proxies, their toxics and counters, and every operation on them;
 //! - [`toxics`]: toxic bodies checked against [`crate::toxic::ToxicKind`]'s types and bounds;
-//! - [`wire`]: the JSON answers, in Toxiproxy's shapes, shared with [`client`];
+//! - [`wire`]: the JSON requests and answers, in Toxiproxy's shapes, shared with [`client`];
 //! - [`client`]: a typed client of the API (the runner's, the tests');
 //! - [`metrics`]: `GET /metrics` in Prometheus' text format;
 //! - this module: HTTP (hyper), routing, body limits and Toxiproxy's error bodies.
@@ -185,7 +185,7 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
     let result: Result<(StatusCode, Option<Value>), ApiError> = match segs.as_slice() {
         ["proxies"] if method == Method::GET => Ok(ok(registry.list().await)),
         ["proxies"] if method == Method::POST => {
-            match json(&body).and_then(|v| ProxySpec::from_json(&v, None)) {
+            match json(&body).and_then(|v| ProxySpec::from_json(v, None)) {
                 Ok(spec) => registry
                     .create(spec)
                     .await
@@ -210,8 +210,8 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
         }
         ["proxies", name] if method == Method::GET => registry.get(name).await.map(ok),
         // An unknown proxy is reported before a bad body, as Toxiproxy does.
-        ["proxies", name] if is_update => match json(&body) {
-            Ok(v) => registry.update(name, &v).await.map(ok),
+        ["proxies", name] if is_update => match json(&body).and_then(parse_body) {
+            Ok(update) => registry.update(name, update).await.map(ok),
             Err(e) => registry.get(name).await.and(Err(e)),
         },
         ["proxies", name] if method == Method::DELETE => registry
@@ -221,13 +221,14 @@ pub async fn handle(registry: &Registry, req: Request<Incoming>) -> Reply {
         ["proxies", name, "stats"] if method == Method::GET => registry.stats(name).await.map(ok),
         ["proxies", name, "toxics"] if method == Method::GET => registry.toxics(name).await.map(ok),
         ["proxies", name, "toxics"] if method == Method::POST => {
-            registry.add_toxic(name, json(&body)).await.map(ok)
+            let request = json(&body).and_then(parse_body);
+            registry.add_toxic(name, request).await.map(ok)
         }
         ["proxies", name, "toxics", toxic] if method == Method::GET => {
             registry.get_toxic(name, toxic).await.map(ok)
         }
         ["proxies", name, "toxics", toxic] if is_update => registry
-            .update_toxic(name, toxic, json(&body))
+            .update_toxic(name, toxic, json(&body).and_then(parse_body))
             .await
             .map(ok),
         ["proxies", name, "toxics", toxic] if method == Method::DELETE => registry
@@ -261,10 +262,10 @@ fn to_json(answer: impl Serialize) -> Value {
 
 async fn populate(registry: &Registry, body: &Bytes) -> Reply {
     let specs = json(body).and_then(|v| {
-        let list = v
-            .as_array()
-            .ok_or_else(|| ApiError::bad_body("expected a JSON array of proxies"))?;
-        list.iter()
+        let Value::Array(list) = v else {
+            return Err(ApiError::bad_body("expected a JSON array of proxies"));
+        };
+        list.into_iter()
             .enumerate()
             .map(|(i, p)| ProxySpec::from_json(p, Some(i)))
             .collect::<Result<Vec<_>, _>>()
@@ -303,6 +304,18 @@ fn json(body: &Bytes) -> Result<Value, ApiError> {
         return Ok(Value::Object(Default::default()));
     }
     serde_json::from_slice(body).map_err(|e| ApiError::bad_body(&e.to_string()))
+}
+
+/// A request body (one of [`wire`]'s request structs) from its JSON, which must be an object.
+/// The JSON is parsed on its own first, so a syntax error is reported in serde_json's words
+/// and a repeated key counts once, with its last value (as Go's decoder in Toxiproxy takes
+/// it). Every request field is a [`wire::Given`], so no object is refused here: the caller
+/// checks each field, with Toxiproxy's message.
+pub fn parse_body<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    if !v.is_object() {
+        return Err(ApiError::bad_body("expected a JSON object"));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::bad_body(&e.to_string()))
 }
 
 fn status_of(e: &ApiError) -> StatusCode {

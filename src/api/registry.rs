@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::toxics::ToxicEntry;
-use super::wire::{PopulateJson, ProxyJson, ToxicJson};
+use super::wire::{
+    Given, PopulateJson, ProxyJson, ProxyRequest, ProxyUpdate, ToxicJson, ToxicRequest, ToxicUpdate,
+};
 use super::ApiError;
 use crate::fault::Direction;
 use crate::link::Engine;
@@ -71,43 +73,46 @@ pub struct ProxySpec {
 }
 
 impl ProxySpec {
-    /// From a create or populate body; `at` names the entry in a populate list (Toxiproxy's
-    /// "missing required field: name at proxy 2").
-    pub fn from_json(v: &Value, at: Option<usize>) -> Result<ProxySpec, ApiError> {
-        let obj = v
-            .as_object()
-            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
-        let text = |key: &str| -> Result<String, ApiError> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(String::new()),
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(other) => Err(ApiError::bad_body(&format!(
+    /// From a create or populate body (see [`ProxySpec::from_request`]).
+    pub fn from_json(v: Value, at: Option<usize>) -> Result<ProxySpec, ApiError> {
+        ProxySpec::from_request(super::parse_body(v)?, at)
+    }
+
+    /// From a create or populate request; `at` names the entry in a populate list
+    /// (Toxiproxy's "missing required field: name at proxy 2"). Fields are checked in this
+    /// order, each with its own message.
+    pub fn from_request(request: ProxyRequest, at: Option<usize>) -> Result<ProxySpec, ApiError> {
+        let text = |key: &str, given: Option<Given<String>>| -> Result<String, ApiError> {
+            match given {
+                None => Ok(String::new()),
+                Some(Given::Is(s)) => Ok(s),
+                Some(Given::Other(other)) => Err(ApiError::bad_body(&format!(
                     "{key} must be a string, got {other}"
                 ))),
             }
         };
-        let name = text("name")?;
+        let name = text("name", request.name)?;
         if name.is_empty() {
             return Err(ApiError::missing_field("name", at));
         }
-        let upstream = text("upstream")?;
+        let upstream = text("upstream", request.upstream)?;
         if upstream.is_empty() {
             return Err(ApiError::missing_field("upstream", at));
         }
-        let listen = match text("listen")? {
+        let listen = match text("listen", request.listen)? {
             l if l.is_empty() => DEFAULT_LISTEN.to_string(),
             l => l,
         };
-        let enabled = match obj.get("enabled") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
+        let enabled = match request.enabled {
+            None => true,
+            Some(Given::Is(b)) => b,
+            Some(Given::Other(other)) => {
                 return Err(ApiError::bad_body(&format!(
                     "enabled must be true or false, got {other}"
                 )))
             }
         };
-        let engine = match text("engine")?.as_str() {
+        let engine = match text("engine", request.engine)?.as_str() {
             "" | "model" => Engine::Model,
             "kernel" => Engine::Kernel,
             other => {
@@ -116,10 +121,10 @@ impl ProxySpec {
                 )))
             }
         };
-        let toxics = match obj.get("toxics") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(list)) => Some(toxic_list(&name, engine, list)?),
-            Some(other) => {
+        let toxics = match request.toxics {
+            None => None,
+            Some(Given::Is(list)) => Some(toxic_list(&name, engine, list)?),
+            Some(Given::Other(other)) => {
                 return Err(ApiError::bad_body(&format!(
                     "toxics must be a JSON array of toxics, got {other}"
                 )))
@@ -139,9 +144,9 @@ impl ProxySpec {
 
 /// The toxics of a create or populate entry, each as `POST /proxies/{name}/toxics` takes it.
 /// The first bad one refuses the whole proxy; its error names the proxy and the toxic.
-fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEntry>, ApiError> {
+fn toxic_list(proxy: &str, engine: Engine, list: Vec<Value>) -> Result<Vec<ToxicEntry>, ApiError> {
     let mut toxics: Vec<ToxicEntry> = Vec::new();
-    for (i, body) in list.iter().enumerate() {
+    for (i, body) in list.into_iter().enumerate() {
         let within = |e: ApiError, toxic: &str| {
             let toxic = match toxic {
                 "" => format!("toxic {}", i + 1),
@@ -149,9 +154,13 @@ fn toxic_list(proxy: &str, engine: Engine, list: &[Value]) -> Result<Vec<ToxicEn
             };
             e.within(&format!("(proxy \"{proxy}\", {toxic})"))
         };
-        let given_name = body.get("name").and_then(Value::as_str).unwrap_or_default();
+        let request: ToxicRequest = super::parse_body(body).map_err(|e| within(e, ""))?;
+        let given_name = match &request.name {
+            Some(Given::Is(name)) => name.as_str(),
+            _ => "",
+        };
         // Revisions are stamped when the proxy is created.
-        let entry = ToxicEntry::create(body, 0).map_err(|e| within(e, given_name))?;
+        let entry = ToxicEntry::create(&request, 0).map_err(|e| within(e, given_name))?;
         let name = entry.toxic.name.clone();
         admits(engine, proxy, &entry.toxic).map_err(|e| within(e, &name))?;
         if toxics.iter().any(|e| e.toxic.name == name) {
@@ -471,39 +480,36 @@ impl Registry {
 
     /// `POST|PATCH /proxies/{name}`: a partial update. A new listen or upstream restarts the
     /// proxy (its connections close); `enabled` starts or stops it; toxics stay.
-    pub async fn update(&self, name: &str, body: &Value) -> Result<ProxyJson, ApiError> {
+    pub async fn update(&self, name: &str, update: ProxyUpdate) -> Result<ProxyJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
-        let text = |key: &str, current: &str| -> Result<String, ApiError> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(current.to_string()),
-                Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-                Some(Value::String(_)) if key == "listen" => Ok(DEFAULT_LISTEN.to_string()),
-                Some(other) => Err(ApiError::bad_body(&format!(
-                    "{key} must be a non-empty string, got {other}"
-                ))),
-            }
+        let text = |key: &str, given: Option<Given<String>>, current: &str| match given {
+            None => Ok(current.to_string()),
+            Some(Given::Is(s)) if !s.is_empty() => Ok(s),
+            Some(Given::Is(_)) if key == "listen" => Ok(DEFAULT_LISTEN.to_string()),
+            Some(other) => Err(ApiError::bad_body(&format!(
+                "{key} must be a non-empty string, got {}",
+                other.shown()
+            ))),
         };
-        let listen = text("listen", &p.listen)?;
-        let upstream = text("upstream", &p.upstream)?;
-        match obj.get("engine") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(e)) if e == p.engine.as_str() => {}
+        let listen = text("listen", update.listen, &p.listen)?;
+        let upstream = text("upstream", update.upstream, &p.upstream)?;
+        match update.engine {
+            None => {}
+            Some(Given::Is(e)) if e == p.engine.as_str() => {}
             Some(other) => {
                 return Err(ApiError::bad_body(&format!(
-                    "engine is {} and cannot change to {other} on a running proxy: delete \
+                    "engine is {} and cannot change to {} on a running proxy: delete \
                      proxy {name} and create it again (or /populate it)",
-                    p.engine.as_str()
+                    p.engine.as_str(),
+                    other.shown()
                 )))
             }
         }
-        let enabled = match obj.get("enabled") {
-            None | Some(Value::Null) => p.enabled(),
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
+        let enabled = match update.enabled {
+            None => p.enabled(),
+            Some(Given::Is(b)) => b,
+            Some(Given::Other(other)) => {
                 return Err(ApiError::bad_body(&format!(
                     "enabled must be true or false, got {other}"
                 )))
@@ -552,11 +558,11 @@ impl Registry {
     pub async fn add_toxic(
         &self,
         name: &str,
-        body: Result<Value, ApiError>,
+        request: Result<ToxicRequest, ApiError>,
     ) -> Result<ToxicJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
-        let entry = ToxicEntry::create(&body?, self.revision())?;
+        let entry = ToxicEntry::create(&request?, self.revision())?;
         p.admits(&entry.toxic)?;
         if p.toxics.iter().any(|e| e.toxic.name == entry.toxic.name) {
             return Err(ApiError::toxic_exists());
@@ -579,12 +585,12 @@ impl Registry {
         &self,
         name: &str,
         toxic: &str,
-        body: Result<Value, ApiError>,
+        update: Result<ToxicUpdate, ApiError>,
     ) -> Result<ToxicJson, ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let i = p.find_toxic(toxic)?;
-        let next = p.toxics[i].update(&body?, self.revision())?;
+        let next = p.toxics[i].update(&update?, self.revision())?;
         p.admits(&next.toxic)?;
         let wire = next.to_wire();
         p.toxics[i] = next;
@@ -653,5 +659,70 @@ fn same_listen(current: &str, requested: &str) -> bool {
     ) {
         (Ok(c), Ok(r)) => r.port() == 0 && c.ip() == r.ip(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A wrongly-typed field gets its own message, and fields are checked in the same order
+    /// whatever order the body gives them in.
+    #[test]
+    fn wrongly_typed_proxy_fields_get_their_own_messages() {
+        let err = |v: Value| ProxySpec::from_json(v, None).unwrap_err().message;
+        assert_eq!(
+            err(json!({"name": 5, "upstream": "h:1"})),
+            "bad request body: name must be a string, got 5"
+        );
+        assert_eq!(
+            err(json!({"upstream": 5})),
+            "missing required field: name",
+            "a missing name before a bad upstream"
+        );
+        assert_eq!(
+            err(json!({"name": "p", "upstream": "h:1", "enabled": "yes"})),
+            "bad request body: enabled must be true or false, got \"yes\""
+        );
+        assert_eq!(
+            err(json!({"name": "p", "upstream": "h:1", "toxics": [5]})),
+            "bad request body: expected a JSON object (proxy \"p\", toxic 1)"
+        );
+        assert_eq!(err(json!([])), "bad request body: expected a JSON object");
+        let spec = ProxySpec::from_json(
+            json!({"name": "p", "upstream": "h:1", "listen": null}),
+            Some(0),
+        )
+        .unwrap();
+        assert_eq!(spec.listen, DEFAULT_LISTEN);
+        assert!(spec.enabled);
+    }
+
+    #[test]
+    fn wrongly_typed_toxic_fields_get_toxiproxys_messages() {
+        let err = |v: Value| {
+            super::super::parse_body(v)
+                .and_then(|r: ToxicRequest| ToxicEntry::create(&r, 0))
+                .unwrap_err()
+                .message
+        };
+        assert_eq!(
+            err(json!({"type": "noop", "stream": 1})),
+            ApiError::invalid_stream().message
+        );
+        assert_eq!(
+            err(json!({"type": "noop", "name": []})),
+            "bad request body: name must be a string"
+        );
+        assert_eq!(err(json!({"type": 7})), "invalid toxic type");
+        assert_eq!(
+            err(json!({"type": "noop", "toxicity": 1e300})),
+            "bad request body: toxicity must be a number in [0, 1], got 1e+300"
+        );
+        assert_eq!(
+            err(json!({"type": "noop", "attributes": [1]})),
+            "bad request body: attributes must be an object"
+        );
     }
 }

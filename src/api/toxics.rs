@@ -3,9 +3,9 @@
 //! types, their attributes and bounds are [`ToxicKind`]'s; this module checks a body against
 //! them with Toxiproxy's messages.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
-use super::wire::ToxicJson;
+use super::wire::{Given, ToxicJson, ToxicRequest, ToxicUpdate};
 use super::ApiError;
 use crate::fault::Direction;
 use crate::toxic::{Bound, Cidr, Range, Toxic, ToxicKind};
@@ -120,40 +120,32 @@ pub struct ToxicEntry {
 }
 
 impl ToxicEntry {
-    /// Builds a toxic from a create body (Toxiproxy's defaults: stream downstream, toxicity
-    /// 1, name `TYPE_STREAM`). Errors carry Toxiproxy's messages and codes.
-    pub fn create(body: &Value, revision: u64) -> Result<ToxicEntry, ApiError> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
-        let stream_text = match obj.get("stream") {
-            None | Some(Value::Null) => Direction::Downstream.as_str().to_string(),
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => return Err(ApiError::invalid_stream()),
+    /// Builds a toxic from a create request (Toxiproxy's defaults: stream downstream, toxicity
+    /// 1, name `TYPE_STREAM`). Fields are checked in this order, each with Toxiproxy's message
+    /// and code.
+    pub fn create(request: &ToxicRequest, revision: u64) -> Result<ToxicEntry, ApiError> {
+        let stream_text = match &request.stream {
+            None => Direction::Downstream.as_str().to_string(),
+            Some(Given::Is(s)) => s.clone(),
+            Some(Given::Other(_)) => return Err(ApiError::invalid_stream()),
         };
         let stream = parse_stream(&stream_text)?;
-        let kind_name = match obj.get("type") {
-            Some(Value::String(t)) => t.clone(),
+        let kind_name = match &request.kind {
+            Some(Given::Is(t)) => t.clone(),
             _ => String::new(),
         };
-        let name = match obj.get("name") {
-            Some(Value::String(n)) if !n.is_empty() => n.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
-                format!("{kind_name}_{stream_text}")
-            }
-            Some(_) => return Err(ApiError::bad_body("name must be a string")),
+        let name = match &request.name {
+            Some(Given::Is(n)) if !n.is_empty() => n.clone(),
+            Some(Given::Is(_)) | None => format!("{kind_name}_{stream_text}"),
+            Some(Given::Other(_)) => return Err(ApiError::bad_body("name must be a string")),
         };
         if ToxicKind::empty(&kind_name).is_none() {
             return Err(ApiError::invalid_toxic_type());
         }
-        let toxicity = match obj.get("toxicity") {
-            None | Some(Value::Null) => 1.0,
-            Some(v) => toxicity(v)?,
-        };
-        let attributes = match obj.get("attributes") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(_) => return Err(ApiError::bad_body("attributes must be an object")),
+        let toxicity = request.toxicity.as_ref().map_or(Ok(1.0), toxicity)?;
+        let attributes = match &request.attributes {
+            None => Map::new(),
+            Some(given) => attributes(given)?.clone(),
         };
         let kind = kind_of(&kind_name, &attributes)?;
         Ok(ToxicEntry {
@@ -169,24 +161,17 @@ impl ToxicEntry {
         })
     }
 
-    /// Merges an update body over this toxic: given attributes replace theirs, the rest stay;
+    /// Merges an update over this toxic: given attributes replace theirs, the rest stay;
     /// name, type and stream cannot change (as in Toxiproxy).
-    pub fn update(&self, body: &Value, revision: u64) -> Result<ToxicEntry, ApiError> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_body("expected a JSON object"))?;
+    pub fn update(&self, update: &ToxicUpdate, revision: u64) -> Result<ToxicEntry, ApiError> {
         let mut next = self.clone();
-        if let Some(v) = obj.get("toxicity").filter(|v| !v.is_null()) {
-            next.toxic.toxicity = toxicity(v)?;
+        if let Some(t) = &update.toxicity {
+            next.toxic.toxicity = toxicity(t)?;
         }
-        match obj.get("attributes") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => {
-                for (k, v) in m {
-                    next.attributes.insert(k.clone(), v.clone());
-                }
+        if let Some(given) = &update.attributes {
+            for (k, v) in attributes(given)? {
+                next.attributes.insert(k.clone(), v.clone());
             }
-            Some(_) => return Err(ApiError::bad_body("attributes must be an object")),
         }
         let type_name = self.toxic.kind.type_name();
         next.toxic.kind = kind_of(&type_name, &next.attributes)?;
@@ -215,25 +200,48 @@ pub fn parse_stream(s: &str) -> Result<Direction, ApiError> {
     }
 }
 
-fn toxicity(v: &Value) -> Result<f32, ApiError> {
-    match v.as_f64() {
-        Some(t) if (0.0..=1.0).contains(&t) => Ok(t as f32),
-        _ => Err(ApiError::bad_body(&format!(
-            "toxicity must be a number in [0, 1], got {v}"
-        ))),
+fn toxicity(given: &Given<Number>) -> Result<f32, ApiError> {
+    match given {
+        Given::Is(n) => match n.as_f64() {
+            Some(t) if (0.0..=1.0).contains(&t) => return Ok(t as f32),
+            _ => {}
+        },
+        Given::Other(_) => {}
+    }
+    Err(ApiError::bad_body(&format!(
+        "toxicity must be a number in [0, 1], got {}",
+        given.shown()
+    )))
+}
+
+fn attributes(given: &Given<Map<String, Value>>) -> Result<&Map<String, Value>, ApiError> {
+    match given {
+        Given::Is(m) => Ok(m),
+        Given::Other(_) => Err(ApiError::bad_body("attributes must be an object")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::parse_body;
     use crate::profile::LossProcess;
     use crate::toxic::ProfileAttributes;
     use serde_json::json;
 
+    /// A toxic from a create body, as the server reads one.
+    fn create(body: &Value, revision: u64) -> Result<ToxicEntry, ApiError> {
+        ToxicEntry::create(&parse_body(body.clone())?, revision)
+    }
+
+    /// `e` updated by an update body, as the server reads one.
+    fn update(e: &ToxicEntry, body: &Value, revision: u64) -> Result<ToxicEntry, ApiError> {
+        e.update(&parse_body(body.clone())?, revision)
+    }
+
     #[test]
     fn defaults_and_partial_updates_follow_toxiproxy() {
-        let e = ToxicEntry::create(
+        let e = create(
             &json!({"type": "latency", "attributes": {"latency": 100}}),
             1,
         )
@@ -245,7 +253,7 @@ mod tests {
             Value::Object(e.to_wire().attributes),
             json!({"latency": 100, "jitter": 0})
         );
-        let u = e.update(&json!({"attributes": {"jitter": 5}}), 2).unwrap();
+        let u = update(&e, &json!({"attributes": {"jitter": 5}}), 2).unwrap();
         assert_eq!(
             u.toxic.kind,
             ToxicKind::Latency {
@@ -254,7 +262,7 @@ mod tests {
             }
         );
         assert_eq!(u.toxic.revision, 2);
-        let u = u.update(&json!({"toxicity": 0.5}), 3).unwrap();
+        let u = update(&u, &json!({"toxicity": 0.5}), 3).unwrap();
         assert_eq!(u.toxic.toxicity, 0.5);
         assert_eq!(u.attributes["latency"], json!(100), "kept");
     }
@@ -262,7 +270,7 @@ mod tests {
     #[test]
     fn a_profile_toxic_takes_a_profile_files_text() {
         let text = "name = \"mine\"\n[link]\ndelay = \"7ms\"\n";
-        let e = ToxicEntry::create(
+        let e = create(
             &json!({"type": "profile", "stream": "downstream", "attributes": {"toml": text}}),
             0,
         )
@@ -280,16 +288,16 @@ mod tests {
             std::time::Duration::from_millis(7)
         );
         let bad = json!({"type": "profile", "attributes": {"toml": "[link]\ndelay = 5\n"}});
-        let e = ToxicEntry::create(&bad, 0).unwrap_err();
+        let e = create(&bad, 0).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.message.contains("delay"), "{e:?}");
         let both = json!({"type": "profile", "attributes": {"toml": text, "profile": "lan"}});
-        assert_eq!(ToxicEntry::create(&both, 0).unwrap_err().status, 400);
+        assert_eq!(create(&both, 0).unwrap_err().status, 400);
     }
 
     #[test]
     fn bad_toxics_get_toxiproxy_errors() {
-        let err = |v: Value| ToxicEntry::create(&v, 0).unwrap_err();
+        let err = |v: Value| create(&v, 0).unwrap_err();
         assert_eq!(
             err(json!({"type": "latency", "stream": "sideways"})).status,
             400
@@ -313,7 +321,7 @@ mod tests {
             assert_eq!(e.status, 400, "{v}");
             assert!(e.message.starts_with("bad request body"), "{v}: {e:?}");
         }
-        let up = ToxicEntry::create(
+        let up = create(
             &json!({"type": "loss", "stream": "UPSTREAM", "attributes": {"percent": 1}}),
             0,
         )

@@ -1,10 +1,13 @@
 //! What goes over the control API's wire, in Toxiproxy's shapes: the server answers with these
-//! and [`super::client::Client`] reads them back. Request bodies are parsed by hand on the
-//! server ([`super::registry::ProxySpec`], [`super::toxics::ToxicEntry`]) since Toxiproxy's
-//! clients rely on its exact messages for what serde would refuse in its own words.
+//! and [`super::client::Client`] reads them back; request bodies ([`ProxyRequest`],
+//! [`ProxyUpdate`], [`ToxicRequest`], [`ToxicUpdate`]) are deserialised into these structs by
+//! the server and built from them by the client. A request field of the wrong JSON type is kept
+//! as [`Given::Other`] rather than refused by serde, so the server names it in Toxiproxy's
+//! words and in the order it always checked fields ([`super::registry::ProxySpec`],
+//! [`super::toxics::ToxicEntry`]).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use crate::fault::Direction;
 use crate::toxic::ToxicKind;
@@ -121,14 +124,103 @@ pub struct ErrorJson {
     pub proxies: Option<Vec<ProxyJson>>,
 }
 
+/// A request field as a client gave it: of its type, or any other JSON (kept for the error,
+/// which the server words as Toxiproxy does: "name must be a string", "stream was invalid, ..."
+/// with no `bad request body` prefix). An absent or `null` field is `None` around it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Given<T> {
+    Is(T),
+    Other(Value),
+}
+
+impl<T> From<T> for Given<T> {
+    fn from(value: T) -> Given<T> {
+        Given::Is(value)
+    }
+}
+
+impl<T: Serialize> Given<T> {
+    /// The field as JSON, for a message's "got ...".
+    pub fn shown(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// A proxy to create: `POST /proxies`, each entry of `/populate` and of `--config`. Every
+/// field may be left out; the server says which are required (`name`, `upstream`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProxyRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<Given<bool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Given<String>>,
+    /// Each entry a whole toxic body, read as `POST /proxies/{name}/toxics` reads one (so an
+    /// entry that is not an object gets that endpoint's message, naming its place).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toxics: Option<Given<Vec<Value>>>,
+}
+
+/// A partial update of a proxy (`POST|PATCH /proxies/{name}`): what is given changes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProxyUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<Given<bool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Given<String>>,
+}
+
+/// A toxic to create (`POST /proxies/{proxy}/toxics`); left out: Toxiproxy's defaults.
+///
+/// `attributes` stays a JSON map, as in [`ToxicUpdate`]: each attribute is checked against its
+/// type's bounds on the raw JSON (a latency of 2^63, -1 or "abc" each gets Toxiproxy's 400 naming
+/// the attribute and its range, which a typed field would have refused or truncated in serde's
+/// words), an update merges the attributes it gives over the toxic's, and attributes of no type
+/// (`clients`, a client's own) are handed back as given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToxicRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Given<String>>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Given<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Given<String>>,
+    /// A JSON number, so a message shows it as sent (`1e300`, not an f32's `inf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toxicity: Option<Given<Number>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Given<Map<String, Value>>>,
+}
+
 /// An update of a toxic (`POST /proxies/{proxy}/toxics/{name}`): the attributes given replace
-/// the toxic's, the rest stay; `toxicity` when given.
+/// the toxic's, the rest stay; `toxicity` when given. Why `attributes` is a map: see
+/// [`ToxicRequest`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToxicUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub toxicity: Option<f32>,
-    #[serde(default, skip_serializing_if = "Map::is_empty")]
-    pub attributes: Map<String, Value>,
+    pub toxicity: Option<Given<Number>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Given<Map<String, Value>>>,
+}
+
+impl ToxicUpdate {
+    /// An update of these attributes only.
+    pub fn of_attributes(attributes: Map<String, Value>) -> ToxicUpdate {
+        ToxicUpdate {
+            toxicity: None,
+            attributes: Some(Given::Is(attributes)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -141,10 +141,10 @@ fn read_config(path: &std::path::Path) -> Result<Vec<ProxySpec>, CliError> {
     let bad = |e: String| CliError::Usage(format!("--config {}: {e}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let list = value
-        .as_array()
-        .ok_or_else(|| bad("expected a JSON array of proxies".into()))?;
-    list.iter()
+    let serde_json::Value::Array(list) = value else {
+        return Err(bad("expected a JSON array of proxies".into()));
+    };
+    list.into_iter()
         .enumerate()
         .map(|(i, v)| ProxySpec::from_json(v, Some(i)).map_err(|e| bad(e.message)))
         .collect()

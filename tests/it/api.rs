@@ -93,8 +93,7 @@ fn the_toxiproxy_rust_client_drives_faultrig() {
     // Updated: the crate has no update call, so through ours; same connection.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let ours = client::Client::new(&api.addr);
-    let mut latency = ToxicUpdate::default();
-    latency.attributes.insert("latency".into(), json!(400));
+    let latency = ToxicUpdate::of_attributes(json!({"latency": 400}).as_object().unwrap().clone());
     let updated = rt
         .block_on(ours.update_toxic("echo", "latency_downstream", &latency))
         .unwrap();
