@@ -142,6 +142,9 @@ impl CellWorkload {
 pub enum CellFlavour {
     Builtin(&'static dyn Flavour),
     External(Arc<ExternalFlavour>),
+    /// A gRPC service or HTTP endpoint of the user's, already running, driven by the load
+    /// driver like a built-in flavour (a `[[targets]]` entry).
+    Target(Arc<TargetFlavour>),
 }
 
 impl CellFlavour {
@@ -150,6 +153,7 @@ impl CellFlavour {
         match self {
             CellFlavour::Builtin(f) => f.name(),
             CellFlavour::External(x) => &x.name,
+            CellFlavour::Target(t) => &t.name,
         }
     }
 
@@ -157,9 +161,113 @@ impl CellFlavour {
     pub fn builtin(&self) -> Option<&'static dyn Flavour> {
         match self {
             CellFlavour::Builtin(f) => Some(*f),
-            CellFlavour::External(_) => None,
+            CellFlavour::External(_) | CellFlavour::Target(_) => None,
         }
     }
+
+    /// What kind of flavour this is, in messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CellFlavour::Builtin(_) => "flavour",
+            CellFlavour::External(_) => "external flavour",
+            CellFlavour::Target(_) => "target",
+        }
+    }
+}
+
+/// A `[[targets]]` entry: any gRPC service or HTTP endpoint ([`crate::target`]), resolved
+/// (protos compiled or reflected, data checked) when the experiment is validated.
+pub struct TargetFlavour {
+    pub name: String,
+    /// Where the service listens: the cell's proxy forwards there.
+    pub address: String,
+    /// How its calls are made and checked.
+    pub load: Arc<dyn crate::bench::Target>,
+}
+
+impl std::fmt::Debug for TargetFlavour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetFlavour")
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("load", &self.load.label())
+            .finish()
+    }
+}
+
+impl TargetFlavour {
+    /// Checks one `[[targets]]` entry: `name`, `kind` (`grpc` or `http`), `address`
+    /// (required for gRPC; an HTTP target's default is its URL's HOST:PORT), and the keys of
+    /// [`crate::target::GrpcTargetSpec`] or [`crate::target::HttpTargetSpec`], named like
+    /// `bench`'s flags. A gRPC target's schema is compiled, or fetched from `address` by
+    /// reflection within `timeout`, now: before any traffic.
+    fn check(
+        mut table: toml::Table,
+        seed: u64,
+        timeout: Duration,
+    ) -> Result<TargetFlavour, String> {
+        let mut text = |key: &str| match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(format!("`{key}` must be a string, not {v}")),
+        };
+        let name = text("name")?.ok_or("`name` is missing")?;
+        crate::external::check_name(&name).map_err(|e| format!("`name`: {e}"))?;
+        let kind = text("kind")?;
+        let address = text("address")?;
+        let within = |e: String| format!("target {name}: {e}");
+        if let Some(a) = &address {
+            crate::net::split_host_port(a).map_err(|e| within(format!("`address`: {e}")))?;
+        }
+        let spec = |e: toml::de::Error| within(e.message().to_string());
+        let resolved = |e: crate::target::TargetError| within(e.to_string());
+        let (load, address): (Arc<dyn crate::bench::Target>, String) = match kind.as_deref() {
+            Some("grpc") => {
+                let spec: crate::target::GrpcTargetSpec =
+                    toml::Value::Table(table).try_into().map_err(spec)?;
+                let address = address.ok_or_else(|| {
+                    within("`address` is missing: the HOST:PORT the service listens on".into())
+                })?;
+                let load = block_on_own_runtime(spec.resolve(&address, seed, timeout))
+                    .map_err(within)?
+                    .map_err(resolved)?;
+                (Arc::new(load), address)
+            }
+            Some("http") => {
+                let spec: crate::target::HttpTargetSpec =
+                    toml::Value::Table(table).try_into().map_err(spec)?;
+                let (load, url_address) = spec.resolve(seed).map_err(resolved)?;
+                (Arc::new(load), address.unwrap_or(url_address))
+            }
+            Some(other) => return Err(within(format!("unknown kind \"{other}\" (grpc or http)"))),
+            None => return Err(within("`kind` is missing (grpc or http)".into())),
+        };
+        Ok(TargetFlavour {
+            name,
+            address,
+            load,
+        })
+    }
+}
+
+/// Runs `f` to completion on a runtime of its own, on a thread of its own: validation is
+/// synchronous, and may itself run inside a runtime (tests), where blocking is not allowed.
+fn block_on_own_runtime<F: std::future::Future + Send>(f: F) -> Result<F::Output, String>
+where
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|rt| rt.block_on(f))
+                    .map_err(|e| format!("cannot start a runtime: {e}"))
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the look-up panicked".into()))
+    })
 }
 
 /// One combination of the axes.
@@ -203,6 +311,8 @@ pub struct ExperimentFile {
     /// External flavours by name: `[external.NAME]` tables. (Not `[flavours.NAME]`: TOML
     /// allows no table under a key that is already the `flavours` list.)
     pub external: Option<BTreeMap<String, ExternalFile>>,
+    /// Your own services: `[[targets]]` tables ([`TargetFlavour::check`]).
+    pub targets: Option<Vec<toml::Table>>,
     /// Where each value came from, so a message names the file's line or the flag.
     #[serde(skip)]
     pub sources: Sources,
@@ -342,7 +452,6 @@ impl ExperimentFile {
             .iter()
             .map(|p| Profile::load(p).map_err(|e| bad("profiles", e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let flavours = flavours(self.flavours, self.external, &bad)?;
         let modes = list("modes", self.modes)?
             .iter()
             .map(|m| Mode::parse(m).map_err(|e| bad("modes", e)))
@@ -433,6 +542,14 @@ impl ExperimentFile {
             }
         })
         .map_err(|e| bad("write_pattern", e))?;
+        let seed = self.seed.unwrap_or(1);
+        let flavours = flavours(
+            self.flavours,
+            self.external,
+            self.targets,
+            (seed, timeout),
+            &bad,
+        )?;
         external_limits(&flavours, engine, &workloads, self.remote.is_some(), &bad)?;
         let remote = match self.remote {
             Some(r) => Some(remote(r, &profile_names, &flavours, &workloads, &bad)?),
@@ -449,7 +566,7 @@ impl ExperimentFile {
             warmup,
             rounds: rounds as u32,
             round_summary,
-            seed: self.seed.unwrap_or(1),
+            seed,
             timeout,
             engine,
             nodelay,
@@ -459,12 +576,15 @@ impl ExperimentFile {
     }
 }
 
-/// The run's flavours: built-in names and `[external.NAME]` tables (each checked, used or
-/// not, so a typo in one is found now). Without a `flavours` list, every external table runs,
-/// in name order; with one, only what it names (so `--flavours` can pick).
+/// The run's flavours: built-in names, `[external.NAME]` tables and `[[targets]]` (each
+/// checked, used or not, so a typo in one is found now). Without a `flavours` list, every
+/// external table (in name order) and every target (in file order) runs; with one, only what
+/// it names (so `--flavours` can pick).
 fn flavours(
     list: Option<Vec<String>>,
     external: Option<BTreeMap<String, ExternalFile>>,
+    targets: Option<Vec<toml::Table>>,
+    (seed, timeout): (u64, Duration),
     bad: &dyn Fn(&str, String) -> String,
 ) -> Result<Vec<CellFlavour>, String> {
     let mut defined = Vec::new();
@@ -473,27 +593,34 @@ fn flavours(
             "" => bad(&format!("external.{name}"), e),
             key => bad(&format!("external.{name}.{key}"), e),
         })?;
-        defined.push(Arc::new(x));
+        defined.push(CellFlavour::External(Arc::new(x)));
+    }
+    for table in targets.unwrap_or_default() {
+        let t = TargetFlavour::check(table, seed, timeout).map_err(|e| bad("targets", e))?;
+        if defined.iter().any(|d| d.name() == t.name) {
+            return Err(bad("targets", format!("\"{}\" is defined twice", t.name)));
+        }
+        defined.push(CellFlavour::Target(Arc::new(t)));
     }
     let names = match list {
         Some(v) if v.is_empty() => {
             return Err(bad("flavours", "must list at least one value".into()))
         }
         Some(v) => v,
-        None if !defined.is_empty() => defined.iter().map(|x| x.name.clone()).collect(),
+        None if !defined.is_empty() => defined.iter().map(|x| x.name().to_string()).collect(),
         None => return Err(bad("flavours", "missing".into())),
     };
     names
         .iter()
         .map(|f| match flavour::by_name(f) {
             Some(b) => Ok(CellFlavour::Builtin(b)),
-            None => match defined.iter().find(|x| &x.name == f) {
-                Some(x) => Ok(CellFlavour::External(x.clone())),
+            None => match defined.iter().find(|x| x.name() == f) {
+                Some(x) => Ok(x.clone()),
                 None => Err(bad(
                     "flavours",
                     format!(
                         "unknown flavour \"{f}\" (use {}, or describe your own in an \
-                         [external.{f}] table)",
+                         [external.{f}] table or a [[targets]] entry)",
                         flavour::names().join(", ")
                     ),
                 )),
@@ -513,14 +640,15 @@ fn external_limits(
     let Some(x) = flavours.iter().find(|f| f.builtin().is_none()) else {
         return Ok(());
     };
-    let name = x.name();
+    let (kind, name) = (x.kind(), x.name());
     if remote {
-        // The runner starts an external flavour's processes here; a remote run starts nothing.
+        // The runner starts an external flavour's processes and a target's proxies here; a
+        // remote run starts nothing.
         return Err(bad(
             "remote",
             format!(
-                "external flavour {name}: a [remote] run starts no servers or clients; run it \
-                 locally (its target = \"HOST:PORT\" may be another host)"
+                "{kind} {name}: a [remote] run drives faultrig's own servers only; run it \
+                 locally (the service may be on another host)"
             ),
         ));
     }
@@ -528,8 +656,8 @@ fn external_limits(
         return Err(bad(
             "engine",
             format!(
-                "external flavour {name}: the link engine needs servers and clients that make \
-                 their sockets in its namespaces; use the model or kernel engine"
+                "{kind} {name}: the link engine needs servers and clients that make their \
+                 sockets in its namespaces; use the model or kernel engine"
             ),
         ));
     }
@@ -540,8 +668,8 @@ fn external_limits(
         return Err(bad(
             "workloads",
             format!(
-                "{}: a backend is something faultrig's servers call; external flavour {name}'s \
-                 server has its own (use plain deduct)",
+                "{}: a backend is something faultrig's servers call; {kind} {name}'s server \
+                 has its own (use plain deduct)",
                 w.label
             ),
         ));
@@ -663,8 +791,17 @@ impl Experiment {
         let mut cells = Vec::new();
         for profile in 0..self.profiles.len() {
             for flavour in &self.flavours {
+                // A target's calls are its own (its `data`, `url`, `body`): one cell per
+                // combination of the other axes, labelled with what it calls.
+                let workloads = match flavour {
+                    CellFlavour::Target(t) => vec![CellWorkload {
+                        label: t.load.label(),
+                        ..self.workloads[0].clone()
+                    }],
+                    _ => self.workloads.clone(),
+                };
                 for &mode in &self.modes {
-                    for workload in &self.workloads {
+                    for workload in &workloads {
                         for &concurrency in &self.concurrency {
                             for &nodelay in &self.nodelay {
                                 for &write_pattern in &self.write_patterns {

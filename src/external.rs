@@ -215,6 +215,27 @@ pub struct ExternalFlavour {
     pub client: Template,
 }
 
+/// Checks the name of a flavour an experiment file defines (an `[external.NAME]` table or a
+/// `[[targets]]` entry): it goes into CSV rows and file names, and must not pass for a
+/// built-in flavour.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(format!(
+            "the name \"{name}\" must be letters, digits, '-', '_' or '.'"
+        ));
+    }
+    if crate::flavour::by_name(name).is_some() {
+        return Err(format!(
+            "\"{name}\" is a built-in flavour; give yours another name"
+        ));
+    }
+    Ok(())
+}
+
 impl ExternalFlavour {
     /// Checks the table `[external.NAME]`; an error names the key at fault (`serve`,
     /// `client`, `target`, or empty for the table itself) and why.
@@ -222,22 +243,7 @@ impl ExternalFlavour {
         name: &str,
         file: ExternalFile,
     ) -> Result<ExternalFlavour, (&'static str, String)> {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err((
-                "",
-                format!("the name \"{name}\" must be letters, digits, '-', '_' or '.'"),
-            ));
-        }
-        if crate::flavour::by_name(name).is_some() {
-            return Err((
-                "",
-                format!("\"{name}\" is a built-in flavour; give the external one another name"),
-            ));
-        }
+        check_name(name).map_err(|e| ("", e))?;
         let client = file.client.ok_or((
             "client",
             "missing: the command line run per cell (see docs/runner.md)".to_string(),

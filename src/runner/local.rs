@@ -249,8 +249,9 @@ struct Server {
 
 enum ServerProcess {
     Faultrig(Announced),
-    /// Started from its `serve` line (held only to be stopped on drop), or none when the
-    /// flavour gives its `target`.
+    /// Not `faultrig serve`: an external flavour's server started from its `serve` line (held
+    /// only to be stopped on drop), or none when it runs already (an external flavour's
+    /// `target`, a `[[targets]]` entry's `address`).
     External {
         _process: Option<super::external::ServerProcess>,
     },
@@ -277,6 +278,13 @@ impl Server {
                     process: ServerProcess::External { _process: process },
                     addr,
                 });
+            }
+            // The user's service runs already: the runner only puts proxies in front of it.
+            CellFlavour::Target(t) => {
+                return Ok(Server {
+                    process: ServerProcess::External { _process: None },
+                    addr: t.address.clone(),
+                })
             }
         };
         let mut command = Command::new(bin);

@@ -246,33 +246,40 @@ async fn measure(
     targets: &Targets,
     bin: &Path,
 ) -> Result<Measured, String> {
-    match &cell.flavour {
+    let load: Arc<dyn bench::Target> = match &cell.flavour {
         CellFlavour::Builtin(flavour) => {
-            let spec = BenchSpec {
-                load: Arc::new(RigTarget::new(*flavour, cell.workload.workload, exp.seed)),
-                target: addr,
-                mode: cell.mode,
-                concurrency: cell.concurrency,
-                stop: exp.stop,
-                warmup: exp.warmup,
-                rate: None,
-                timeout: exp.timeout,
-                seed: exp.seed,
-                socket,
-            };
-            let (outcome, before) = bench::run_with(&spec, targets.begin(exp, cell)).await;
-            Ok(Measured {
-                row: outcome.row(&spec),
-                before,
-                conns_since: None,
-            })
+            Arc::new(RigTarget::new(*flavour, cell.workload.workload, exp.seed))
         }
+        CellFlavour::Target(t) => t.load.clone(),
         CellFlavour::External(x) => {
-            external::run_cell(bin, x, exp, cell, &addr, || targets.begin(exp, cell))
+            return external::run_cell(bin, x, exp, cell, &addr, || targets.begin(exp, cell))
                 .await
-                .map_err(|e| format!("external flavour {}: its client {e}", x.name))
+                .map_err(|e| format!("external flavour {}: its client {e}", x.name));
         }
-    }
+    };
+    let spec = BenchSpec {
+        load,
+        target: addr,
+        mode: cell.mode,
+        concurrency: cell.concurrency,
+        stop: exp.stop,
+        warmup: exp.warmup,
+        rate: None,
+        timeout: exp.timeout,
+        seed: exp.seed,
+        socket,
+    };
+    let (outcome, before) = bench::run_with(&spec, targets.begin(exp, cell)).await;
+    // The experiment's name for it: a target's `grpc` or `http1` says what, not which.
+    let row = Row {
+        flavour: cell.flavour.name().to_string(),
+        ..outcome.row(&spec)
+    };
+    Ok(Measured {
+        row,
+        before,
+        conns_since: None,
+    })
 }
 
 /// `profile P, flavour F, mode M, workload W, concurrency C` (and the socket axes when the

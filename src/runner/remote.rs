@@ -79,7 +79,7 @@ impl RemoteTargets {
                  open to this host?"
             ),
         }
-        // Validation refuses external flavours with [remote]; this says so again rather than
+        // Validation refuses external flavours and targets with [remote]; this says so again rather than
         // trusting it.
         let flavours = exp
             .flavours
@@ -87,7 +87,8 @@ impl RemoteTargets {
             .map(|f| {
                 f.builtin().ok_or_else(|| {
                     anyhow!(
-                        "external flavour {}: a remote run has built-in flavours only",
+                        "{} {}: a remote run has built-in flavours only",
+                        f.kind(),
                         f.name()
                     )
                 })

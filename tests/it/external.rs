@@ -235,43 +235,14 @@ fn a_server_that_does_not_start_or_a_bad_table_stops_the_run_early() {
 /// client end with it.
 #[test]
 fn a_stopped_run_leaves_no_external_process_behind() {
-    use nix::sys::signal::{kill, Signal};
+    use nix::sys::signal::Signal;
     let experiment = format!(
         "profiles = [\"local\"]\nflavours = [\"echo-py\"]\nmodes = [\"single\"]\n\
          duration = \"60s\"\n{}",
         echo_table("echo-py", "")
     );
     for signal in [Signal::SIGTERM, Signal::SIGKILL] {
-        let (_scratch, mut run) = start_run(&experiment);
-        let runner = run.id();
         // The server and the client, each under its supervisor.
-        let deadline = std::time::Instant::now() + 3 * PROMPT;
-        let children = loop {
-            let found = descendants(runner);
-            if found.len() >= 4 {
-                break found;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{signal}: the run started only {found:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        // The client is making calls.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        kill(nix::unistd::Pid::from_raw(runner as i32), signal).unwrap();
-        run.wait().unwrap();
-        let deadline = std::time::Instant::now() + PROMPT;
-        loop {
-            let left: Vec<&Proc> = children.iter().filter(|p| running(p)).collect();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{signal}: left behind {left:?} of {children:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        stopping_a_run_leaves_nothing_behind(&experiment, signal, 4);
     }
 }

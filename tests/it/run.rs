@@ -175,43 +175,14 @@ fn proxy_columns_leave_out_the_warmup() {
 /// runs) — its servers and its private redis-server end with it.
 #[test]
 fn a_run_that_is_stopped_leaves_no_process_behind() {
-    use nix::sys::signal::{kill, Signal};
+    use nix::sys::signal::Signal;
     // Two flavours (two servers, plus their deduct@redis twins) and a redis-server, busy for a
     // minute per cell, so the run is mid-cell when it is stopped.
     let experiment = "profiles = [\"local\"]\nflavours = [\"grpc\", \"tcp-binary\"]\n\
                       modes = [\"single\"]\nworkloads = [\"deduct\", \"deduct@redis\"]\n\
                       duration = \"60s\"\n";
     for signal in [Signal::SIGTERM, Signal::SIGKILL] {
-        let (_scratch, mut run) = start_run(experiment);
-        let runner = run.id();
         // Four servers and redis-server (under its supervisor): six processes at least.
-        let deadline = std::time::Instant::now() + 3 * PROMPT;
-        let children = loop {
-            let found = descendants(runner);
-            if found.len() >= 6 {
-                break found;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{signal}: the run started only {found:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        // Past the set-up: the first cell is running.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        kill(nix::unistd::Pid::from_raw(runner as i32), signal).unwrap();
-        run.wait().unwrap();
-        let deadline = std::time::Instant::now() + PROMPT;
-        loop {
-            let left: Vec<&Proc> = children.iter().filter(|p| running(p)).collect();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{signal}: left behind {left:?} of {children:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        stopping_a_run_leaves_nothing_behind(experiment, signal, 6);
     }
 }

@@ -359,3 +359,106 @@ fn h2c_through_url_against_our_http2_server() {
         );
     }
 }
+
+/// `[[targets]]` in an experiment file: the foreign gRPC service (by reflection) and HTTP
+/// endpoint run by `faultrig run` behind `lossy-10ms-1pct`, single vs per-call, beside a
+/// built-in flavour, with no Rust written: every row has the proxy's bytes and stalls, exact
+/// connection counts, and what it called as its workload.
+#[test]
+fn experiment_targets_run_behind_the_lossy_proxy() {
+    let stubs = tempdir();
+    let grpc = grpc_server(stubs.path(), true);
+    let http = Listening::spawn({
+        let mut c = Command::new(venv_python());
+        c.arg(SCRIPT).arg("http");
+        c
+    });
+    let experiment = format!(
+        r#"
+profiles = ["lossy-10ms-1pct"]
+modes = ["single", "per-call"]
+concurrency = [2]
+calls = 40
+seed = 5
+
+[[targets]]
+name = "inventory-grpc"
+kind = "grpc"
+address = "{grpc}"
+call = "{RESERVE}"
+reflect = true
+data = '{{"sku": "sku-{{{{index}}}}", "quantity": 1}}'
+
+[[targets]]
+name = "items-rest"
+kind = "http"
+url = "http://{http}/items/{{{{index}}}}"
+"#,
+        grpc = grpc.addr,
+        http = http.addr,
+    );
+    let run = run_experiment(&experiment, &[]);
+    assert_eq!(run.rows.len(), 4, "{}", run.stdout);
+    let mut stalls = 0;
+    for r in &run.rows {
+        let what = format!("{} {}", r.flavour, r.mode);
+        assert_eq!((r.calls, r.ok), (40, 40), "{what}: {}", run.stdout);
+        assert_eq!(r.profile.as_deref(), Some("lossy-10ms-1pct"), "{what}");
+        let expected_workload = match r.flavour.as_str() {
+            "inventory-grpc" => RESERVE.to_string(),
+            "items-rest" => "GET /items/{{index}}".to_string(),
+            other => panic!("unexpected flavour {other}"),
+        };
+        assert_eq!(r.workload, expected_workload, "{what}");
+        let conns = if r.mode == "single" { 1 } else { 40 };
+        assert_eq!(r.conns_opened, conns, "{what}");
+        assert!(
+            r.bytes_up.unwrap() > 0 && r.bytes_down.unwrap() > 0,
+            "{what}"
+        );
+        stalls += r.stalls_up.unwrap() + r.stalls_down.unwrap();
+        // 10 ms each way: no call is faster than a round trip through the proxy.
+        assert!(r.lat_min_us.unwrap() >= 20_000, "{what}: {r:?}");
+    }
+    assert!(stalls > 0, "1 % loss over some 160 calls: {:?}", run.rows);
+    // A new connection per call pays the handshake's round trip (gRPC: calls share a
+    // connection without waiting for each other, so single's p50 is one round trip).
+    let p50 = |flavour: &str, mode: &str| {
+        run.rows
+            .iter()
+            .find(|r| r.flavour == flavour && r.mode == mode)
+            .and_then(|r| r.lat_p50_us)
+            .unwrap()
+    };
+    let (single, per_call) = (
+        p50("inventory-grpc", "single"),
+        p50("inventory-grpc", "per-call"),
+    );
+    assert!(per_call >= single + 15_000, "{single} µs vs {per_call} µs");
+
+    // A bad entry is refused before any traffic, naming the file's key and the target.
+    let dir = tempdir();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "profiles = [\"local\"]\nmodes = [\"single\"]\ncalls = 1\n[[targets]]\n\
+             name = \"x\"\nkind = \"grpc\"\naddress = \"{}\"\ncall = \"inventory.Inventory/Nope\"\n\
+             reflect = true\n",
+            grpc.addr
+        ),
+    )
+    .unwrap();
+    let out = faultrig(&[
+        "run",
+        file.to_str().unwrap(),
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("targets") && stderr.contains("target x") && stderr.contains("Nope"),
+        "{stderr}"
+    );
+}

@@ -452,3 +452,43 @@ pub async fn exchange(conn: &mut tokio::net::TcpStream) -> Duration {
     assert_eq!(buf, [4u8; 64]);
     start.elapsed()
 }
+
+/// Starts `experiment` with `faultrig run`, waits until it has `at_least` processes under it
+/// and is past its set-up, sends it `signal`, and checks every one of those processes is gone
+/// soon after: the run cleans up on SIGTERM, and its children follow it on SIGKILL.
+pub fn stopping_a_run_leaves_nothing_behind(
+    experiment: &str,
+    signal: nix::sys::signal::Signal,
+    at_least: usize,
+) {
+    let (_scratch, mut run) = start_run(experiment);
+    let runner = run.id();
+    let deadline = std::time::Instant::now() + 3 * PROMPT;
+    let children = loop {
+        let found = descendants(runner);
+        if found.len() >= at_least {
+            break found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{signal}: the run started only {found:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Past the set-up: the first cell is running.
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(runner as i32), signal).unwrap();
+    run.wait().unwrap();
+    let deadline = std::time::Instant::now() + PROMPT;
+    loop {
+        let left: Vec<&Proc> = children.iter().filter(|p| running(p)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{signal}: left behind {left:?} of {children:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
