@@ -110,7 +110,7 @@ impl Placeholder {
 
 /// Why a command line was refused.
 #[derive(Debug, PartialEq, thiserror::Error)]
-pub enum TemplateError {
+pub enum CommandLineError {
     #[error("cannot split {0:?} into words (an unclosed quote?)")]
     Split(String),
     #[error("is empty")]
@@ -126,21 +126,21 @@ pub enum TemplateError {
 /// A command line split into words as a POSIX shell would (quotes, backslashes), but never
 /// run by a shell: each word may hold placeholders, filled per use.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Template {
+pub struct CommandLine {
     words: Vec<String>,
 }
 
-impl Template {
+impl CommandLine {
     /// Splits `text` and checks every placeholder is in `allowed`.
-    pub fn parse(text: &str, allowed: &[Placeholder]) -> Result<Template, TemplateError> {
-        let words = shlex::split(text).ok_or_else(|| TemplateError::Split(text.to_string()))?;
+    pub fn parse(text: &str, allowed: &[Placeholder]) -> Result<CommandLine, CommandLineError> {
+        let words = shlex::split(text).ok_or_else(|| CommandLineError::Split(text.to_string()))?;
         if words.is_empty() {
-            return Err(TemplateError::Empty);
+            return Err(CommandLineError::Empty);
         }
         for w in &words {
             expand(w, |name| match Placeholder::by_name(name) {
                 Some(p) if allowed.contains(&p) => Ok(String::new()),
-                _ => Err(TemplateError::Unknown {
+                _ => Err(CommandLineError::Unknown {
                     name: name.to_string(),
                     allowed: allowed
                         .iter()
@@ -150,7 +150,7 @@ impl Template {
                 }),
             })?;
         }
-        Ok(Template { words })
+        Ok(CommandLine { words })
     }
 
     /// The argv with every placeholder replaced by `value`'s answer.
@@ -159,7 +159,7 @@ impl Template {
             .iter()
             .map(|w| {
                 expand(w, |name| {
-                    Ok::<_, TemplateError>(value(
+                    Ok::<_, CommandLineError>(value(
                         Placeholder::by_name(name).expect("checked when parsed"),
                     ))
                 })
@@ -171,7 +171,7 @@ impl Template {
 
 /// `word` with each `{name}` replaced by `slot(name)`, `{{` and `}}` by single braces: one
 /// scanner for checking (at parse) and filling (per use), so they cannot disagree.
-fn expand<E: From<TemplateError>>(
+fn expand<E: From<CommandLineError>>(
     word: &str,
     mut slot: impl FnMut(&str) -> Result<String, E>,
 ) -> Result<String, E> {
@@ -185,11 +185,11 @@ fn expand<E: From<TemplateError>>(
             out.push(brace as char);
             rest = &after[1..];
         } else if brace == b'}' {
-            return Err(TemplateError::Stray(word.to_string()).into());
+            return Err(CommandLineError::Stray(word.to_string()).into());
         } else {
             let end = after
                 .find('}')
-                .ok_or_else(|| TemplateError::Unclosed(word.to_string()))?;
+                .ok_or_else(|| CommandLineError::Unclosed(word.to_string()))?;
             out.push_str(&slot(&after[..end])?);
             rest = &after[end + 1..];
         }
@@ -202,7 +202,7 @@ fn expand<E: From<TemplateError>>(
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExternalServer {
     /// Started by the runner on a free loopback port ([`Placeholder::SERVE`]).
-    Serve(Template),
+    Serve(CommandLine),
     /// Already running at `HOST:PORT`.
     Target(String),
 }
@@ -212,7 +212,7 @@ pub enum ExternalServer {
 pub struct ExternalFlavour {
     pub name: String,
     pub server: ExternalServer,
-    pub client: Template,
+    pub client: CommandLine,
 }
 
 /// Checks the name of a flavour an experiment file defines (an `[external.NAME]` table or a
@@ -248,8 +248,8 @@ impl ExternalFlavour {
             "client",
             "missing: the command line run per cell (see docs/runner.md)".to_string(),
         ))?;
-        let client =
-            Template::parse(&client, &Placeholder::ALL).map_err(|e| ("client", e.to_string()))?;
+        let client = CommandLine::parse(&client, &Placeholder::ALL)
+            .map_err(|e| ("client", e.to_string()))?;
         let server = match (file.serve, file.target) {
             (Some(_), Some(_)) => return Err((
                 "target",
@@ -257,7 +257,7 @@ impl ExternalFlavour {
                     .into(),
             )),
             (Some(serve), None) => ExternalServer::Serve(
-                Template::parse(&serve, &Placeholder::SERVE)
+                CommandLine::parse(&serve, &Placeholder::SERVE)
                     .map_err(|e| ("serve", e.to_string()))?,
             ),
             (None, Some(target)) => {
@@ -458,7 +458,7 @@ mod tests {
 
     #[test]
     fn command_lines_split_like_a_shell_and_fill_their_placeholders() {
-        let t = Template::parse(
+        let t = CommandLine::parse(
             "java -jar 'my rig.jar' --target={target} --calls {calls} --json '{{\"a\": 1}}'",
             &Placeholder::ALL,
         )
@@ -485,9 +485,9 @@ mod tests {
 
     #[test]
     fn bad_command_lines_say_what_is_wrong() {
-        let serve = |s: &str| Template::parse(s, &Placeholder::SERVE).unwrap_err();
+        let serve = |s: &str| CommandLine::parse(s, &Placeholder::SERVE).unwrap_err();
         match serve("srv --port {prot}") {
-            TemplateError::Unknown { name, allowed } => {
+            CommandLineError::Unknown { name, allowed } => {
                 assert_eq!(name, "prot");
                 assert_eq!(allowed, "{host}, {port}, {nodelay}");
             }
@@ -496,12 +496,12 @@ mod tests {
         // {target} is the client's, not the server's.
         assert!(matches!(
             serve("srv {target}"),
-            TemplateError::Unknown { .. }
+            CommandLineError::Unknown { .. }
         ));
-        assert!(matches!(serve("srv {port"), TemplateError::Unclosed(_)));
-        assert!(matches!(serve("srv port}"), TemplateError::Stray(_)));
-        assert!(matches!(serve("srv 'unclosed"), TemplateError::Split(_)));
-        assert_eq!(serve("   "), TemplateError::Empty);
+        assert!(matches!(serve("srv {port"), CommandLineError::Unclosed(_)));
+        assert!(matches!(serve("srv port}"), CommandLineError::Stray(_)));
+        assert!(matches!(serve("srv 'unclosed"), CommandLineError::Split(_)));
+        assert_eq!(serve("   "), CommandLineError::Empty);
         let e = serve("srv {prot}").to_string();
         assert!(e.contains("unknown placeholder {prot} (use {host}"), "{e}");
     }

@@ -233,7 +233,7 @@ mod tests {
                 }
             }
             let _ = tally.calls();
-            if let Ok(t) = crate::external::Template::parse(&text, &crate::external::Placeholder::ALL) {
+            if let Ok(t) = crate::external::CommandLine::parse(&text, &crate::external::Placeholder::ALL) {
                 let _ = t.fill(|p| p.name().to_string());
             }
         }
