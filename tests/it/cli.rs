@@ -461,6 +461,10 @@ fn bench_load_script_leaves_no_server_behind() {
     for (name, body) in [
         ("wrk", "echo 'Requests/sec: 1000'"),
         ("h2load", "echo 'finished in 1.00s, 1000.00 req/s, 1MB/s'"),
+        (
+            "oha",
+            r#"echo '{"summary": {"requestsPerSec": 1000.0}, "statusCodeDistribution": {"200": 1000}}'"#,
+        ),
         ("taskset", "shift 2\nexec \"$@\""),
     ] {
         let path = stubs.path().join(name);
@@ -477,7 +481,13 @@ fn bench_load_script_leaves_no_server_behind() {
     );
     let mut command = std::process::Command::new(script);
     command
-        .args(["1", "--bin", env!("CARGO_BIN_EXE_faultrig")])
+        .args([
+            "1",
+            "--rounds",
+            "1",
+            "--bin",
+            env!("CARGO_BIN_EXE_faultrig"),
+        ])
         .env("PATH", path)
         .env(key, value);
     let o = output_within(command, COMMAND_DEADLINE);
