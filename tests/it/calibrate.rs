@@ -146,7 +146,10 @@ fn quick_suite_model_within_tolerance_of_the_kernel() {
     );
 }
 
+// The kernel's tail is wall-clock time too: with the other tests on both cores its p99 of
+// one-segment calls went from 20.4 to 28 ms (CI, a460764) while the model's stayed at 21.
 #[test]
+#[ignore = "timing: runs alone, after the other tests (scripts/test.sh does)"]
 fn one_segment_calls_on_a_clean_path_agree() {
     if !privileged("calibrate::one_segment_calls_on_a_clean_path_agree") {
         return;
