@@ -37,6 +37,11 @@ impl Operation {
         }
     }
 
+    /// Whether the reply is the request's message again.
+    pub fn echoes(self) -> bool {
+        self != Operation::Deduct
+    }
+
     pub fn from_name(name: &str) -> Option<Operation> {
         Operation::ALL.into_iter().find(|op| op.name() == name)
     }

@@ -8,8 +8,7 @@ use prost::Message;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::flavour::CallError;
-use crate::rig::{pb, Call, Reply};
+use crate::rig::{pb, Call};
 
 /// Smallest and largest blob payloads.
 pub const MIN_BLOB: usize = 128;
@@ -128,28 +127,6 @@ impl Generator {
     pub fn payload_bytes(&self) -> usize {
         self.call(0).protobuf_len()
     }
-
-    /// Checks a reply against its call: echoes must match exactly; a deduct answer must be
-    /// consistent. A mismatch is a `protocol` failure.
-    pub fn verify(call: &Call, reply: &Reply) -> Result<(), CallError> {
-        let fine = match (call, reply) {
-            (Call::EchoOrder(a), Reply::EchoOrder(b)) => a == b,
-            (Call::EchoBlob(a), Reply::EchoBlob(b)) => a == b,
-            (Call::EchoWide(a), Reply::EchoWide(b)) => a == b,
-            (Call::Deduct(req), Reply::Deduct(r)) => {
-                r.remaining >= 0 && (r.ok || r.remaining < i64::from(req.quantity))
-            }
-            _ => false,
-        };
-        if fine {
-            Ok(())
-        } else {
-            Err(CallError::protocol(format!(
-                "the {} reply does not match the call",
-                call.operation().name()
-            )))
-        }
-    }
 }
 
 const NAMES: [&str; 8] = [
@@ -247,6 +224,7 @@ fn wide_record(rng: &mut ChaCha8Rng) -> pb::Wide {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rig::Reply;
 
     #[test]
     fn parse_and_display_round_trip() {
@@ -314,20 +292,20 @@ mod tests {
     }
 
     #[test]
-    fn verify_catches_wrong_echoes_and_inconsistent_deducts() {
+    fn check_catches_wrong_echoes_and_inconsistent_deducts() {
         let g = Generator::new(Workload::Order, 1);
         let (call, other) = (g.call(1), g.call(2));
         let Call::EchoOrder(o) = other else { panic!() };
-        assert!(Generator::verify(&call, &Reply::EchoOrder(o)).is_err());
+        assert!(crate::flavour::check(&call, &Reply::EchoOrder(o)).is_err());
         let Call::EchoOrder(same) = call.clone() else {
             panic!()
         };
-        assert!(Generator::verify(&call, &Reply::EchoOrder(same)).is_ok());
+        assert!(crate::flavour::check(&call, &Reply::EchoOrder(same)).is_ok());
         let d = Generator::new(Workload::Deduct, 1).call(0);
         let reply = |remaining, ok| Reply::Deduct(pb::DeductReply { remaining, ok });
-        assert!(Generator::verify(&d, &reply(5, true)).is_ok());
-        assert!(Generator::verify(&d, &reply(0, false)).is_ok());
-        assert!(Generator::verify(&d, &reply(5, false)).is_err());
-        assert!(Generator::verify(&d, &reply(-1, true)).is_err());
+        assert!(crate::flavour::check(&d, &reply(5, true)).is_ok());
+        assert!(crate::flavour::check(&d, &reply(0, false)).is_ok());
+        assert!(crate::flavour::check(&d, &reply(5, false)).is_err());
+        assert!(crate::flavour::check(&d, &reply(-1, true)).is_err());
     }
 }

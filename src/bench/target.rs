@@ -96,8 +96,7 @@ impl Session for RigSession {
     fn call(&self, index: u64, _worker: usize) -> BoxFuture<'_, Result<(), CallError>> {
         Box::pin(async move {
             let call = self.generator.call(index);
-            let reply = self.client.call(&call).await?;
-            Generator::verify(&call, &reply)
+            self.client.call_checked(&call).await
         })
     }
 

@@ -49,9 +49,10 @@ impl Flavour for Http1Json {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
+            let requests = http_json::Requests::new(target, false)?;
             Ok(Arc::new(Http1Client {
                 connection: Http1Connection::open(target, wire).await?,
-                authority: target.to_string(),
+                requests,
             }) as Arc<dyn Client>)
         })
     }
@@ -113,16 +114,25 @@ impl Http1Connection {
 
 struct Http1Client {
     connection: Http1Connection,
-    /// Sent as the Host header.
-    authority: String,
+    requests: http_json::Requests,
 }
 
 impl Client for Http1Client {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(self.connection.exchange(
-            http_json::request(call, &self.authority, false),
-            |response| http_json::reply(call.operation(), response),
-        ))
+        let (request, _) = self.requests.request(call);
+        Box::pin(self.connection.exchange(request, |response| {
+            http_json::reply(call.operation(), response)
+        }))
+    }
+
+    fn call_checked<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<(), CallError>> {
+        let (request, sent) = self.requests.request(call);
+        Box::pin(
+            self.connection
+                .exchange(request, move |response| async move {
+                    http_json::checked_reply(call, &sent, response).await
+                }),
+        )
     }
 
     fn is_open(&self) -> bool {

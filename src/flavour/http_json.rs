@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::budget::{self, Budget, Charge};
-use super::{CallError, Failure, MAX_MESSAGE};
+use super::{check, CallError, Failure, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -148,29 +148,69 @@ async fn respond(
         .expect("static response parts are valid"))
 }
 
-/// The client side: the request for `call`. HTTP/1.1 sends origin-form with a Host header;
-/// HTTP/2 needs the scheme and authority in the URI (they become pseudo-headers).
-pub fn request(call: &Call, authority: &str, absolute: bool) -> Request<Full<Bytes>> {
-    let path = format!("{PREFIX}{}", call.operation().name());
-    let uri = if absolute {
-        format!("http://{authority}{path}")
-    } else {
-        path
-    };
-    let mut builder = Request::builder()
-        .method(Method::POST)
-        .uri(uri)
-        .header(header::CONTENT_TYPE, "application/json");
-    if !absolute {
-        builder = builder.header(header::HOST, authority);
-    }
-    builder
-        .body(Full::new(Bytes::from(call.encode_json())))
-        .expect("request parts are valid")
+/// The client side: the parts of a request that are the same on every call of a connection,
+/// made once when it opens. HTTP/1.1 sends origin-form with a Host header; HTTP/2 needs the
+/// scheme and authority in the URI (they become pseudo-headers).
+pub struct Requests {
+    /// One URI per operation, in [`Operation::ALL`] order.
+    uris: [Uri; Operation::ALL.len()],
+    /// The Host header (HTTP/1.1 only).
+    host: Option<HeaderValue>,
 }
 
-/// Reads and decodes the reply to an `op` call.
-pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, CallError> {
+impl Requests {
+    pub fn new(authority: &str, absolute: bool) -> Result<Requests, CallError> {
+        let bad = |e: &dyn std::fmt::Display| {
+            CallError::new(
+                Failure::Connect,
+                format!("bad authority {authority:?}: {e}"),
+            )
+        };
+        let uri = |op: Operation| {
+            let path = format!("{PREFIX}{}", op.name());
+            let text = if absolute {
+                format!("http://{authority}{path}")
+            } else {
+                path
+            };
+            Uri::try_from(text).map_err(|e| bad(&e))
+        };
+        let [a, b, c, d] = Operation::ALL.map(uri);
+        Ok(Requests {
+            uris: [a?, b?, c?, d?],
+            host: if absolute {
+                None
+            } else {
+                Some(HeaderValue::try_from(authority).map_err(|e| bad(&e))?)
+            },
+        })
+    }
+
+    /// The request for `call`, and its body (kept to check an echo's reply against).
+    pub fn request(&self, call: &Call) -> (Request<Full<Bytes>>, Bytes) {
+        let op = call.operation();
+        let uri = Operation::ALL
+            .iter()
+            .position(|o| *o == op)
+            .map(|i| self.uris[i].clone())
+            .expect("ALL holds every operation");
+        let body = Bytes::from(call.encode_json());
+        let mut request = Request::new(Full::new(body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        headers.insert(header::CONTENT_TYPE, APPLICATION_JSON);
+        if let Some(host) = &self.host {
+            headers.insert(header::HOST, host.clone());
+        }
+        (request, body)
+    }
+}
+
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+/// Reads a reply: its body if the status is `200`, else the failure it says.
+async fn reply_body(resp: Response<Incoming>) -> Result<Bytes, CallError> {
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_MESSAGE)
         .collect()
@@ -192,7 +232,29 @@ pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, Cal
             String::from_utf8_lossy(&body)
         )));
     }
+    Ok(body)
+}
+
+/// Reads and decodes the reply to an `op` call.
+pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, CallError> {
+    let body = reply_body(resp).await?;
     Ok(Reply::decode_json(op, &body)?)
+}
+
+/// Reads the reply to `call`, whose request body was `sent`, and [`check`]s it. An echo whose
+/// reply is the very bytes sent passes without decoding: decoding is a function of the bytes,
+/// so they decode to the message sent. Any other reply is decoded and checked.
+pub async fn checked_reply(
+    call: &Call,
+    sent: &Bytes,
+    resp: Response<Incoming>,
+) -> Result<(), CallError> {
+    let op = call.operation();
+    let body = reply_body(resp).await?;
+    if op.echoes() && body == *sent {
+        return Ok(());
+    }
+    check(call, &Reply::decode_json(op, &body)?)
 }
 
 /// A hyper client connection driven by the calls waiting on it rather than by a task of its

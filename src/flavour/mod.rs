@@ -87,12 +87,42 @@ pub trait Client: Send + Sync {
     /// One call. Never retried here: a failure is the caller's data.
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>>;
 
+    /// One call with its reply [`check`]ed: what the load driver makes. A flavour may check
+    /// without decoding when it can be sure of the same verdict (the JSON flavours compare an
+    /// echo's reply body with the request body they sent: the same bytes decode to the same
+    /// message).
+    fn call_checked<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<(), CallError>> {
+        Box::pin(async move { check(call, &self.call(call).await?) })
+    }
+
     /// False once the connection is known to be closed.
     fn is_open(&self) -> bool;
 
     /// Whether calls overlap on this connection. When they take turns (HTTP/1.1), a call that
     /// timed out leaves its connection mid-exchange, so it must not be reused.
     fn multiplexed(&self) -> bool;
+}
+
+/// Checks a reply against its call: an echo must match exactly; a deduct answer must be
+/// consistent. A mismatch is a `protocol` failure.
+pub fn check(call: &Call, reply: &Reply) -> Result<(), CallError> {
+    let fine = match (call, reply) {
+        (Call::EchoOrder(a), Reply::EchoOrder(b)) => a == b,
+        (Call::EchoBlob(a), Reply::EchoBlob(b)) => a == b,
+        (Call::EchoWide(a), Reply::EchoWide(b)) => a == b,
+        (Call::Deduct(req), Reply::Deduct(r)) => {
+            r.remaining >= 0 && (r.ok || r.remaining < i64::from(req.quantity))
+        }
+        _ => false,
+    };
+    if fine {
+        Ok(())
+    } else {
+        Err(CallError::protocol(format!(
+            "the {} reply does not match the call",
+            call.operation().name()
+        )))
+    }
 }
 
 /// Serves `listener` with `flavour` until `shutdown` completes; then closes every connection.

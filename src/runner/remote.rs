@@ -280,7 +280,7 @@ impl Api {
         let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
             let client = flavour.connect(&p.addr, &wire).await?;
             let reply = client.call(&call).await?;
-            Generator::verify(&call, &reply)
+            crate::flavour::check(&call, &reply)
         })
         .await;
         let why = match answered {
