@@ -5,13 +5,17 @@
 //! so each TCP connection it opens is counted, including any it re-opens after a failure.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Collected, Full, Limited};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use super::http2_json::Http2Connection;
 use super::{BoxFuture, CallError, Client, Failure, Flavour, WireCounters, MAX_MESSAGE};
 use crate::rig::pb::rig_client::RigClient;
 use crate::rig::pb::rig_server::{Rig, RigServer};
@@ -46,17 +50,90 @@ impl Flavour for Grpc {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
         Box::pin(async move {
-            let client = RigClient::new(channel(target, wire).await?)
+            let connection = GrpcConnection::open(target, wire).await?;
+            let client = RigClient::with_origin(connection.clone(), connection.origin.clone())
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE);
-            Ok(Arc::new(GrpcClient { client }) as Arc<dyn Client>)
+            Ok(Arc::new(GrpcClient { client, connection }) as Arc<dyn Client>)
         })
     }
 }
 
+/// One h2c connection as the service tonic's client calls through: the `grpc` flavour's and
+/// the generic gRPC target's calls. tonic frames the messages, sets the headers and reads the
+/// status; the exchange is [`Http2Connection`]'s, driven by the calls themselves.
+///
+/// Not tonic's `Channel`: it puts a buffer task and hyper's connection task between a call and
+/// the socket (two task hand-offs each way per call) and sends each request's body in a write
+/// of its own. Unary calls only: the request's message is whole before it is sent, and the
+/// reply is read whole (data and trailers) before tonic sees it.
+#[derive(Clone)]
+pub(crate) struct GrpcConnection {
+    connection: Arc<Http2Connection>,
+    /// `http://target`: tonic makes each request's URI from it and the method's path.
+    pub(crate) origin: http::Uri,
+}
+
+impl GrpcConnection {
+    pub(crate) async fn open(
+        target: &str,
+        wire: &Arc<WireCounters>,
+    ) -> Result<GrpcConnection, CallError> {
+        let origin = http::Uri::try_from(format!("http://{target}"))
+            .map_err(|e| CallError::new(Failure::Connect, format!("bad target {target}: {e}")))?;
+        Ok(GrpcConnection {
+            connection: Arc::new(Http2Connection::open(target, wire).await?),
+            origin,
+        })
+    }
+
+    /// False once the connection has closed: the driver opens another.
+    pub(crate) fn is_open(&self) -> bool {
+        self.connection.is_open()
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for GrpcConnection {
+    type Response = http::Response<Collected<Bytes>>;
+    type Error = CallError;
+    type Future = BoxFuture<'static, Result<Self::Response, CallError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), CallError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let connection = self.connection.clone();
+        Box::pin(async move {
+            let (head, body) = request.into_parts();
+            // A unary request's body is its one encoded message, ready at once.
+            let body = body
+                .collect()
+                .await
+                .map_err(|s| status_error(&s))?
+                .to_bytes();
+            let request = http::Request::from_parts(head, Full::new(body));
+            connection
+                .exchange(request, |response| async move {
+                    let (head, body) = response.into_parts();
+                    let body = Limited::new(body, MAX_MESSAGE + GRPC_FRAMING)
+                        .collect()
+                        .await
+                        .map_err(|e| CallError::classify(&*e))?;
+                    Ok(http::Response::from_parts(head, body))
+                })
+                .await
+        })
+    }
+}
+
+/// Bytes a gRPC reply carries beyond its message: the 5-byte length prefix.
+const GRPC_FRAMING: usize = 5;
+
 /// A tonic channel to `target` over a connector we own, so each TCP connection it opens
-/// (including any it re-opens after a failure) is counted in `wire`. Every gRPC client of the
-/// crate connects through here: the `grpc` flavour and the generic gRPC target.
+/// (including any it re-opens after a failure) is counted in `wire`: what the generic gRPC
+/// target asks server reflection through (a streaming call, which [`GrpcConnection`] does not
+/// carry).
 pub(crate) async fn channel(target: &str, wire: &Arc<WireCounters>) -> Result<Channel, CallError> {
     let endpoint = Endpoint::from_shared(format!("http://{target}"))
         .map_err(|e| CallError::new(Failure::Connect, format!("bad target {target}: {e}")))?
@@ -132,8 +209,9 @@ impl Rig for GrpcService {
 }
 
 struct GrpcClient {
-    /// Cheap to clone; each clone shares the one channel (and so the one connection).
-    client: RigClient<Channel>,
+    /// Cheap to clone; each clone shares the one connection.
+    client: RigClient<GrpcConnection>,
+    connection: GrpcConnection,
 }
 
 impl Client for GrpcClient {
@@ -163,8 +241,7 @@ impl Client for GrpcClient {
     }
 
     fn is_open(&self) -> bool {
-        // The channel re-opens a lost connection on the next call (counted by our connector).
-        true
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {

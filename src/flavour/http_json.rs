@@ -210,7 +210,11 @@ impl Requests {
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// Reads a reply: its body if the status is `200`, else the failure it says.
-async fn reply_body(resp: Response<Incoming>) -> Result<Bytes, CallError> {
+async fn reply_body<B>(resp: Response<B>) -> Result<Bytes, CallError>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_MESSAGE)
         .collect()
@@ -236,7 +240,11 @@ async fn reply_body(resp: Response<Incoming>) -> Result<Bytes, CallError> {
 }
 
 /// Reads and decodes the reply to an `op` call.
-pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, CallError> {
+pub async fn reply<B>(op: Operation, resp: Response<B>) -> Result<Reply, CallError>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let body = reply_body(resp).await?;
     Ok(Reply::decode_json(op, &body)?)
 }
@@ -244,11 +252,11 @@ pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, Cal
 /// Reads the reply to `call`, whose request body was `sent`, and [`check`]s it. An echo whose
 /// reply is the very bytes sent passes without decoding: decoding is a function of the bytes,
 /// so they decode to the message sent. Any other reply is decoded and checked.
-pub async fn checked_reply(
-    call: &Call,
-    sent: &Bytes,
-    resp: Response<Incoming>,
-) -> Result<(), CallError> {
+pub async fn checked_reply<B>(call: &Call, sent: &Bytes, resp: Response<B>) -> Result<(), CallError>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let op = call.operation();
     let body = reply_body(resp).await?;
     if op.echoes() && body == *sent {

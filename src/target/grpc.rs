@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::flavour::grpc::GrpcConnection;
 use bytes::Buf;
 use http::uri::PathAndQuery;
 use prost::Message as _;
@@ -12,7 +13,6 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use serde::Deserialize;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::Channel;
 use tonic::Status;
 
 use super::{inline_or_file, TargetError, Template};
@@ -311,11 +311,14 @@ impl Target for GrpcTarget {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Session>, CallError>> {
         Box::pin(async move {
-            let grpc = tonic::client::Grpc::new(flavour::grpc::channel(addr, wire).await?)
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE);
+            let connection = GrpcConnection::open(addr, wire).await?;
+            let grpc =
+                tonic::client::Grpc::with_origin(connection.clone(), connection.origin.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE);
             Ok(Arc::new(GrpcSession {
                 grpc,
+                connection,
                 target: self.0.clone(),
             }) as Arc<dyn Session>)
         })
@@ -323,8 +326,9 @@ impl Target for GrpcTarget {
 }
 
 struct GrpcSession {
-    /// Cheap to clone; each clone shares the one channel (and so the one connection).
-    grpc: tonic::client::Grpc<Channel>,
+    /// Cheap to clone; each clone shares the one connection.
+    grpc: tonic::client::Grpc<GrpcConnection>,
+    connection: GrpcConnection,
     target: Arc<Resolved>,
 }
 
@@ -354,8 +358,7 @@ impl Session for GrpcSession {
     }
 
     fn is_open(&self) -> bool {
-        // The channel re-opens a lost connection on the next call (counted by our connector).
-        true
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::{inline_or_file, TargetError, Template};
@@ -234,10 +233,9 @@ impl Session for HttpSession {
         Box::pin(async move {
             let request = self.target.request(index, worker)?;
             let expect = self.target.expect_status;
-            let check = |response| check_reply(response, expect);
             match &self.connection {
-                Connection::Http1(c) => c.exchange(request, check).await,
-                Connection::Http2(c) => c.exchange(request, check).await,
+                Connection::Http1(c) => c.exchange(request, |r| check_reply(r, expect)).await,
+                Connection::Http2(c) => c.exchange(request, |r| check_reply(r, expect)).await,
             }
         })
     }
@@ -256,7 +254,11 @@ impl Session for HttpSession {
 
 /// Reads the whole reply (so the connection is ready for the next exchange) and checks its
 /// status.
-async fn check_reply(response: Response<Incoming>, expect: StatusCode) -> Result<(), CallError> {
+async fn check_reply<B>(response: Response<B>, expect: StatusCode) -> Result<(), CallError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let status = response.status();
     let body = Limited::new(response.into_body(), MAX_MESSAGE)
         .collect()
