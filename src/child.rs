@@ -11,6 +11,7 @@
 //! future, which lives as long as the process.
 
 use std::io::{self, BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,21 @@ use nix::unistd::Pid;
 
 /// The hidden flag that hands a child its parent's pid.
 pub const PARENT_FLAG: &str = "--parent";
+
+/// `BIN supervise --parent PID --`, this process's pid as the parent: add the program to run
+/// and its arguments. The one place that spells that command line (`bin` is the faultrig binary,
+/// which holds the hidden `supervise` subcommand). For tokio, convert with
+/// `tokio::process::Command::from`.
+pub fn supervised(bin: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command.args([
+        "supervise",
+        PARENT_FLAG,
+        &std::process::id().to_string(),
+        "--",
+    ]);
+    command
+}
 
 /// How long a child gets to stop on SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);

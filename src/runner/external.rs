@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -68,14 +68,8 @@ pub fn start_server(
             Placeholder::SERVE
         ),
     });
-    let mut command = Command::new(bin);
+    let mut command = crate::child::supervised(bin);
     command
-        .args([
-            "supervise",
-            crate::child::PARENT_FLAG,
-            &std::process::id().to_string(),
-            "--",
-        ])
         .args(&argv)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -268,13 +262,7 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
     // with it ([`crate::child`]); spawned from the run's main thread, which the kernel's
     // parent-death signal is tied to.
     let mut child = ClientProcess(
-        tokio::process::Command::new(bin)
-            .args([
-                "supervise",
-                crate::child::PARENT_FLAG,
-                &std::process::id().to_string(),
-                "--",
-            ])
+        tokio::process::Command::from(crate::child::supervised(bin))
             .args(&argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
