@@ -15,7 +15,6 @@ use tokio::net::TcpStream;
 use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
-use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 pub struct Http1Json;
@@ -48,12 +47,7 @@ impl Flavour for Http1Json {
         target: &'a str,
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
-        Box::pin(async move {
-            Ok(Arc::new(Http1Client {
-                connection: Http1Connection::open(target, wire).await?,
-                authority: target.to_string(),
-            }) as Arc<dyn Client>)
-        })
+        Box::pin(http_json::JsonClient::connect(target, wire, false))
     }
 }
 
@@ -108,28 +102,5 @@ impl Http1Connection {
 
     pub(crate) fn is_open(&self) -> bool {
         self.connection.is_open()
-    }
-}
-
-struct Http1Client {
-    connection: Http1Connection,
-    /// Sent as the Host header.
-    authority: String,
-}
-
-impl Client for Http1Client {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(self.connection.exchange(
-            http_json::request(call, &self.authority, false),
-            |response| http_json::reply(call.operation(), response),
-        ))
-    }
-
-    fn is_open(&self) -> bool {
-        self.connection.is_open()
-    }
-
-    fn multiplexed(&self) -> bool {
-        false
     }
 }

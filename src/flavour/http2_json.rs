@@ -14,7 +14,6 @@ use tokio::net::TcpStream;
 use super::budget::Budget;
 use super::http_json::{self, CallerDriven};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
-use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 /// HTTP/2 flow-control windows. The 64 KiB defaults would make a 1 MiB blob wait for several
@@ -76,12 +75,7 @@ impl Flavour for Http2Json {
         target: &'a str,
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
-        Box::pin(async move {
-            Ok(Arc::new(Http2Client {
-                connection: Http2Connection::open(target, wire).await?,
-                authority: target.to_string(),
-            }) as Arc<dyn Client>)
-        })
+        Box::pin(http_json::JsonClient::connect(target, wire, true))
     }
 }
 
@@ -142,28 +136,5 @@ impl Http2Connection {
 
     pub(crate) fn is_open(&self) -> bool {
         self.connection.is_open() && !self.sender.is_closed()
-    }
-}
-
-struct Http2Client {
-    connection: Http2Connection,
-    /// Goes into the `:authority` pseudo-header.
-    authority: String,
-}
-
-impl Client for Http2Client {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        Box::pin(self.connection.exchange(
-            http_json::request(call, &self.authority, true),
-            |response| http_json::reply(call.operation(), response),
-        ))
-    }
-
-    fn is_open(&self) -> bool {
-        self.connection.is_open()
-    }
-
-    fn multiplexed(&self) -> bool {
-        true
     }
 }

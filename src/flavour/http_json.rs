@@ -15,7 +15,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::budget::{self, Budget, Charge};
-use super::{CallError, Failure, MAX_MESSAGE};
+use super::http1_json::Http1Connection;
+use super::http2_json::Http2Connection;
+use super::{BoxFuture, CallError, Client, Failure, WireCounters, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -282,5 +284,95 @@ impl<C: Future + Send> CallerDriven<C> {
             }
         })
         .await
+    }
+}
+
+/// One HTTP client connection of either version: what the JSON flavours' client and the
+/// generic HTTP target call through, so neither needs to know which version it speaks.
+pub(crate) enum HttpConnection {
+    Http1(Http1Connection),
+    Http2(Http2Connection),
+}
+
+impl HttpConnection {
+    /// Opens an h2c (prior knowledge) connection with `http2`, an HTTP/1.1 one otherwise.
+    pub(crate) async fn open(
+        target: &str,
+        wire: &Arc<WireCounters>,
+        http2: bool,
+    ) -> Result<HttpConnection, CallError> {
+        Ok(if http2 {
+            HttpConnection::Http2(Http2Connection::open(target, wire).await?)
+        } else {
+            HttpConnection::Http1(Http1Connection::open(target, wire).await?)
+        })
+    }
+
+    /// Sends `request` and hands its response to `read` (see each version's `exchange`).
+    pub(crate) async fn exchange<T, F>(
+        &self,
+        request: Request<Full<Bytes>>,
+        read: impl FnOnce(Response<Incoming>) -> F,
+    ) -> Result<T, CallError>
+    where
+        F: Future<Output = Result<T, CallError>>,
+    {
+        match self {
+            HttpConnection::Http1(c) => c.exchange(request, read).await,
+            HttpConnection::Http2(c) => c.exchange(request, read).await,
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        match self {
+            HttpConnection::Http1(c) => c.is_open(),
+            HttpConnection::Http2(c) => c.is_open(),
+        }
+    }
+
+    /// HTTP/2 carries calls at once, as streams; HTTP/1.1 one at a time.
+    pub(crate) fn multiplexed(&self) -> bool {
+        matches!(self, HttpConnection::Http2(_))
+    }
+}
+
+/// The client of both JSON flavours: the rig's calls over one [`HttpConnection`].
+pub(super) struct JsonClient {
+    connection: HttpConnection,
+    /// Sent as the Host header (HTTP/1.1), or the `:authority` pseudo-header (HTTP/2).
+    authority: String,
+}
+
+impl JsonClient {
+    pub(super) async fn connect(
+        target: &str,
+        wire: &Arc<WireCounters>,
+        http2: bool,
+    ) -> Result<Arc<dyn Client>, CallError> {
+        Ok(Arc::new(JsonClient {
+            connection: HttpConnection::open(target, wire, http2).await?,
+            authority: target.to_string(),
+        }) as Arc<dyn Client>)
+    }
+}
+
+impl Client for JsonClient {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
+        Box::pin(self.connection.exchange(
+            request(
+                call,
+                &self.authority,
+                matches!(self.connection, HttpConnection::Http2(_)),
+            ),
+            |response| reply(call.operation(), response),
+        ))
+    }
+
+    fn is_open(&self) -> bool {
+        self.connection.is_open()
+    }
+
+    fn multiplexed(&self) -> bool {
+        self.connection.multiplexed()
     }
 }

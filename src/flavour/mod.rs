@@ -10,7 +10,7 @@ pub mod budget;
 pub mod grpc;
 pub mod http1_json;
 pub mod http2_json;
-mod http_json;
+pub(crate) mod http_json;
 pub mod tcp_binary;
 pub mod thrift;
 

@@ -12,8 +12,7 @@ use serde::Deserialize;
 
 use super::{inline_or_file, TargetError, Template};
 use crate::bench::{Session, Target};
-use crate::flavour::http1_json::Http1Connection;
-use crate::flavour::http2_json::Http2Connection;
+use crate::flavour::http_json::HttpConnection;
 use crate::flavour::{BoxFuture, CallError, Failure, WireCounters, MAX_MESSAGE};
 
 /// An HTTP endpoint to drive: `faultrig bench --flavour http` with these flags, or a TOML table
@@ -206,11 +205,7 @@ impl Target for HttpTarget {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Session>, CallError>> {
         Box::pin(async move {
-            let connection = if self.0.http2 {
-                Connection::Http2(Http2Connection::open(addr, wire).await?)
-            } else {
-                Connection::Http1(Http1Connection::open(addr, wire).await?)
-            };
+            let connection = HttpConnection::open(addr, wire, self.0.http2).await?;
             Ok(Arc::new(HttpSession {
                 connection,
                 target: self.0.clone(),
@@ -219,13 +214,8 @@ impl Target for HttpTarget {
     }
 }
 
-enum Connection {
-    Http1(Http1Connection),
-    Http2(Http2Connection),
-}
-
 struct HttpSession {
-    connection: Connection,
+    connection: HttpConnection,
     target: Arc<Resolved>,
 }
 
@@ -234,23 +224,18 @@ impl Session for HttpSession {
         Box::pin(async move {
             let request = self.target.request(index, worker)?;
             let expect = self.target.expect_status;
-            let check = |response| check_reply(response, expect);
-            match &self.connection {
-                Connection::Http1(c) => c.exchange(request, check).await,
-                Connection::Http2(c) => c.exchange(request, check).await,
-            }
+            self.connection
+                .exchange(request, |response| check_reply(response, expect))
+                .await
         })
     }
 
     fn is_open(&self) -> bool {
-        match &self.connection {
-            Connection::Http1(c) => c.is_open(),
-            Connection::Http2(c) => c.is_open(),
-        }
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {
-        matches!(self.connection, Connection::Http2(_))
+        self.connection.multiplexed()
     }
 }
 
