@@ -167,7 +167,7 @@ pub fn run(r: Run) -> Result<(), CliError> {
             &r.host,
             interrupted,
         ))
-        .map_err(CliError::Failed)?;
+        .map_err(|e| CliError::Failed(e.into()))?;
     let rows = &outcome.rows;
     // Failed cells (an external flavour's client that exited non-zero, hung or printed
     // garbage) have no row: they are listed in a file next to the CSV and after the report.

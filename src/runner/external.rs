@@ -11,7 +11,6 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{anyhow, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -42,13 +41,33 @@ impl Drop for ServerProcess {
     }
 }
 
+/// Why an external flavour's server is not there to call.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("find a free loopback port")]
+    NoPort(#[source] std::io::Error),
+    #[error("external flavour {name}: start its server")]
+    Start {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("external flavour {name}: its server ({command}) {why}{stderr}")]
+    Failed {
+        name: String,
+        command: String,
+        why: String,
+        /// `; its stderr ends: ...`, or empty ([`Tail::describe`]).
+        stderr: String,
+    },
+}
+
 /// The flavour's server: started on a free loopback port and waited for until it accepts, or
 /// (`target`) the address given. Returns the process (if started) and the address.
 pub fn start_server(
     bin: &Path,
     x: &ExternalFlavour,
     nodelay: bool,
-) -> anyhow::Result<(Option<ServerProcess>, String)> {
+) -> Result<(Option<ServerProcess>, String), ServerError> {
     let template = match &x.server {
         ExternalServer::Target(addr) => return Ok((None, addr.clone())),
         ExternalServer::Serve(t) => t,
@@ -57,7 +76,7 @@ pub fn start_server(
     // in between; then the server fails to start, with its message).
     let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
-        .context("find a free loopback port")?
+        .map_err(ServerError::NoPort)?
         .port();
     let argv = template.fill(|p| match p {
         Placeholder::Host => Ipv4Addr::LOCALHOST.to_string(),
@@ -74,9 +93,10 @@ pub fn start_server(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("external flavour {}: start its server", x.name))?;
+    let mut child = command.spawn().map_err(|source| ServerError::Start {
+        name: x.name.clone(),
+        source,
+    })?;
     let (tail, drained) = drain(child.stderr.take().map(|e| Box::new(e) as _));
     // Guarded from here: every early return stops and reaps it.
     let mut server = ServerProcess { child };
@@ -84,12 +104,12 @@ pub fn start_server(
     let deadline = Instant::now() + START;
     let failed = |why: String| {
         let _ = drained.recv_timeout(Duration::from_secs(1));
-        anyhow!(
-            "external flavour {}: its server ({}) {why}{}",
-            x.name,
-            argv.join(" "),
-            tail.lock().expect("never poisoned").describe()
-        )
+        ServerError::Failed {
+            name: x.name.clone(),
+            command: argv.join(" "),
+            why,
+            stderr: tail.lock().expect("never poisoned").describe(),
+        }
     };
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {
