@@ -369,20 +369,37 @@ impl Sources {
     }
 }
 
+/// Why an experiment file (with the flags over it) is not a run. Every message names the file,
+/// and the line where one is known, or the flag at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    /// Said in one line: the file, then why it could not be read.
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    /// Not TOML, or a key or type the file does not have.
+    #[error("{origin}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Syntax {
+        origin: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// A value out of bounds or at odds with another; the message says where it came from.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl ExperimentFile {
     /// Parses experiment TOML; errors name `origin`, the line and the key.
-    pub fn parse(src: &str, origin: &str) -> Result<ExperimentFile, String> {
-        let file: ExperimentFile = toml::from_str(src).map_err(|e| {
-            let line = e
+    pub fn parse(src: &str, origin: &str) -> Result<ExperimentFile, ExperimentError> {
+        let file: ExperimentFile = toml::from_str(src).map_err(|e| ExperimentError::Syntax {
+            origin: origin.to_string(),
+            line: e
                 .span()
-                .map(|s| {
-                    format!(
-                        ":{}",
-                        src[..s.start.min(src.len())].matches('\n').count() + 1
-                    )
-                })
-                .unwrap_or_default();
-            format!("{origin}{line}: {}", e.message().trim())
+                .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
+            message: e.message().trim().to_string(),
         })?;
         Ok(ExperimentFile {
             sources: Sources::of(src),
@@ -390,8 +407,11 @@ impl ExperimentFile {
         })
     }
 
-    pub fn load(path: &Path) -> Result<ExperimentFile, String> {
-        let src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<ExperimentFile, ExperimentError> {
+        let src = std::fs::read_to_string(path).map_err(|error| ExperimentError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
         ExperimentFile::parse(&src, &path.display().to_string())
     }
 
@@ -437,7 +457,13 @@ impl ExperimentFile {
 
     /// Checks every value, naming the key at fault with its line (`origin:line: key `k`:
     /// message`), or the flag that set it.
-    pub fn validate(self, origin: &str) -> Result<Experiment, String> {
+    pub fn validate(self, origin: &str) -> Result<Experiment, ExperimentError> {
+        self.check(origin).map_err(ExperimentError::Invalid)
+    }
+
+    /// [`ExperimentFile::validate`], its message already naming where the value came from
+    /// ([`Sources::blame`]).
+    fn check(self, origin: &str) -> Result<Experiment, String> {
         let sources = self.sources.clone();
         let bad = |key: &str, msg: String| sources.blame(origin, key, msg);
         let list = |key: &str, v: Option<Vec<String>>| -> Result<Vec<String>, String> {
@@ -849,7 +875,9 @@ mod tests {
     use super::*;
 
     fn validate(src: &str) -> Result<Experiment, String> {
-        ExperimentFile::parse(src, "x.toml")?.validate("x.toml")
+        ExperimentFile::parse(src, "x.toml")
+            .and_then(|file| file.validate("x.toml"))
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -919,7 +947,8 @@ mod tests {
             .unwrap()
             .merge(over)
             .validate("x.toml")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("--calls: must be"), "{e}");
         let e = validate("profiles = [\"local\"]\nflavors = [\"grpc\"]\n").unwrap_err();
         assert!(

@@ -116,11 +116,12 @@ impl RunArgs {
                 .map(|v| toml::Value::Array(v.into_iter().map(toml::Value::String).collect())),
             ..ExperimentFile::default()
         };
+        let usage = |e: crate::experiment::ExperimentError| CliError::Usage(e.to_string());
         let experiment = file
-            .map_err(CliError::Usage)?
+            .map_err(usage)?
             .merge(overrides)
             .validate(&origin)
-            .map_err(CliError::Usage)?;
+            .map_err(usage)?;
         Ok(Run {
             experiment,
             out: self.out,
