@@ -71,10 +71,46 @@ pub struct Cidr {
     prefix: u8,
 }
 
+/// Why a string is not a client address block.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("\"{0}\" is not an address or ADDR/PREFIX block")]
+    NotAnAddress(String),
+    #[error("\"{given}\": the prefix must be 0 to {bits}")]
+    Prefix { given: String, bits: u8 },
+    #[error("\"{given}\": address bits set past the /{prefix} prefix")]
+    HostBits { given: String, prefix: u8 },
+}
+
+/// Why attributes that are each within their bounds still make no usable toxic
+/// ([`ToxicKind::settle`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettleError {
+    #[error("give probability or percent, not both")]
+    BothRates,
+    #[error("syn_loss needs percent or probability")]
+    NoSynLossRate,
+    #[error("loss needs percent or probability (or Gilbert-Elliott p and r)")]
+    NoLossRate,
+    #[error("Gilbert-Elliott loss needs both p and r")]
+    HalfGilbertElliott,
+    #[error("unknown profile \"{name}\" (use {known})")]
+    UnknownProfile { name: String, known: String },
+    /// The profile file's text does not parse: its message, as the profile parser says it
+    /// (kept as text so this error stays comparable, as the loss process's tests need).
+    #[error("{0}")]
+    ProfileText(String),
+    #[error(
+        "profile needs attribute profile (a built-in profile name) or toml (a profile file's \
+         text)"
+    )]
+    NoProfile,
+}
+
 impl Cidr {
     /// Parses `127.0.0.2/32`, `10.0.0.0/8`, `::1/128`, `127.0.0.2`. Host bits set under the
     /// prefix are refused: `10.0.0.1/8` is more likely a typo than a block.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -82,20 +118,26 @@ impl Cidr {
         let net: IpAddr = addr
             .trim()
             .parse()
-            .map_err(|_| format!("\"{s}\" is not an address or ADDR/PREFIX block"))?;
+            .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let bits = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => bits,
             Some(p) => match p.trim().parse::<u8>() {
                 Ok(p) if p <= bits => p,
-                _ => return Err(format!("\"{s}\": the prefix must be 0 to {bits}")),
+                _ => {
+                    return Err(CidrError::Prefix {
+                        given: s.to_string(),
+                        bits,
+                    })
+                }
             },
         };
         let cidr = Cidr { net, prefix };
         if cidr.masked(net) != Some(net) {
-            return Err(format!(
-                "\"{s}\": address bits set past the /{prefix} prefix"
-            ));
+            return Err(CidrError::HostBits {
+                given: s.to_string(),
+                prefix,
+            });
         }
         Ok(cidr)
     }
@@ -320,13 +362,13 @@ impl ToxicKind {
 
     /// Settles what the attributes mean beyond their bounds (which rate a loss gives, which
     /// profile a profile toxic names), so [`resolve`] never meets an unusable toxic.
-    pub fn settle(&mut self) -> Result<(), String> {
+    pub fn settle(&mut self) -> Result<(), SettleError> {
         match self {
             ToxicKind::Loss(loss) => loss.process().map(drop),
             ToxicKind::SynLoss(rate) => rate
                 .probability()?
                 .map(drop)
-                .ok_or_else(|| "syn_loss needs percent or probability".to_string()),
+                .ok_or(SettleError::NoSynLossRate),
             ToxicKind::Profile(p) => p.settle(),
             _ => Ok(()),
         }
@@ -440,9 +482,9 @@ pub struct Rate {
 
 impl Rate {
     /// The rate as a probability; `None` when neither is given.
-    pub fn probability(&self) -> Result<Option<f64>, String> {
+    pub fn probability(&self) -> Result<Option<f64>, SettleError> {
         match (self.probability, self.percent) {
-            (Some(_), Some(_)) => Err("give probability or percent, not both".into()),
+            (Some(_), Some(_)) => Err(SettleError::BothRates),
             (p, q) => Ok(p.or(q.map(|q| q / 100.0))),
         }
     }
@@ -486,7 +528,7 @@ impl LossAttributes {
     }
 
     /// The loss process the attributes describe.
-    pub fn process(&self) -> Result<LossProcess, String> {
+    pub fn process(&self) -> Result<LossProcess, SettleError> {
         match (self.p, self.r) {
             (Some(p), Some(r)) => Ok(LossProcess::GilbertElliott {
                 p,
@@ -497,11 +539,9 @@ impl LossAttributes {
             }),
             (None, None) => match self.rate.probability()? {
                 Some(p) => Ok(LossProcess::Bernoulli { p }),
-                None => {
-                    Err("loss needs percent or probability (or Gilbert-Elliott p and r)".into())
-                }
+                None => Err(SettleError::NoLossRate),
             },
-            _ => Err("Gilbert-Elliott loss needs both p and r".into()),
+            _ => Err(SettleError::HalfGilbertElliott),
         }
     }
 }
@@ -534,23 +574,17 @@ impl ProfileAttributes {
         }
     }
 
-    fn settle(&mut self) -> Result<(), String> {
+    fn settle(&mut self) -> Result<(), SettleError> {
         let profile = match (&self.profile, &self.toml) {
-            (Some(name), None) => Profile::builtin(name).ok_or_else(|| {
-                format!(
-                    "unknown profile \"{name}\" (use {})",
-                    Profile::builtin_names().collect::<Vec<_>>().join(", ")
-                )
-            })?,
-            (None, Some(text)) => Profile::parse(text, "profile toxic attribute toml", "custom")
-                .map_err(|e| e.to_string())?,
-            _ => {
-                return Err(
-                    "profile needs attribute profile (a built-in profile name) or toml \
-                     (a profile file's text)"
-                        .into(),
-                )
+            (Some(name), None) => {
+                Profile::builtin(name).ok_or_else(|| SettleError::UnknownProfile {
+                    name: name.clone(),
+                    known: Profile::builtin_names().collect::<Vec<_>>().join(", "),
+                })?
             }
+            (None, Some(text)) => Profile::parse(text, "profile toxic attribute toml", "custom")
+                .map_err(|e| SettleError::ProfileText(e.to_string()))?,
+            _ => return Err(SettleError::NoProfile),
         };
         self.settled = Some(Box::new(profile));
         Ok(())

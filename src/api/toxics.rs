@@ -33,7 +33,7 @@ fn clients(type_name: &str, attributes: &Map<String, Value>) -> Result<Vec<Cidr>
     }
     list.iter()
         .map(|c| match c {
-            Value::String(s) => Cidr::parse(s).map_err(bad),
+            Value::String(s) => Cidr::parse(s).map_err(|e| bad(e.to_string())),
             other => Err(bad(format!("{other} is not a string"))),
         })
         .collect()
@@ -108,7 +108,8 @@ fn kind_of(type_name: &str, attributes: &Map<String, Value>) -> Result<ToxicKind
     }
     let mut kind =
         ToxicKind::join(type_name, attributes).map_err(|e| ApiError::bad_body(&e.to_string()))?;
-    kind.settle().map_err(|e| ApiError::bad_body(&e))?;
+    kind.settle()
+        .map_err(|e| ApiError::bad_body(&e.to_string()))?;
     Ok(kind)
 }
 
