@@ -117,7 +117,8 @@ impl GrpcTargetSpec {
         let (input, output) = (method.input(), method.output());
 
         let data_text = inline_or_file("--data", self.data.as_deref().unwrap_or("{}"))?;
-        let template = Template::parse(&data_text).map_err(|e| TargetError::new("--data", e))?;
+        let template =
+            Template::parse(&data_text).map_err(|e| TargetError::new("--data", e.to_string()))?;
         // The first call's data is checked here, so a message that does not fit is bad input,
         // found before any load; a template's later renders fit the same way.
         let first = message_from_json(&input, &template.render(seed, 0, 0)).map_err(|e| {

@@ -73,7 +73,7 @@ impl HttpTargetSpec {
             return Err(TargetError::new(&what, "bad host"));
         }
         let path_text = path;
-        let path = Template::parse(path).map_err(|e| TargetError::new(&what, e))?;
+        let path = Template::parse(path).map_err(|e| TargetError::new(&what, e.to_string()))?;
         // Every render must be a valid path and query; the first is checked here.
         http::uri::PathAndQuery::try_from(path.render(seed, 0, 0))
             .map_err(|e| TargetError::new(&what, format!("bad path: {e}")))?;
@@ -86,7 +86,7 @@ impl HttpTargetSpec {
         let body = match &self.body {
             Some(b) => Some(
                 Template::parse(&inline_or_file("--body", b)?)
-                    .map_err(|e| TargetError::new("--body", e))?,
+                    .map_err(|e| TargetError::new("--body", e.to_string()))?,
             ),
             None => None,
         };
