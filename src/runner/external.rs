@@ -332,7 +332,7 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
                 return Err(garbage(format!("longer than {MAX_LINE} bytes")));
             }
             let text = std::str::from_utf8(&buf).map_err(|_| garbage("not UTF-8".into()))?;
-            let line = Line::parse(text).map_err(garbage)?;
+            let line = Line::parse(text).map_err(|e| garbage(e.to_string()))?;
             match line {
                 Line::Begin => {
                     before = begin().await;
