@@ -255,6 +255,7 @@ async fn run_against(
     })?;
     let html = out.join("calibrate.html");
     page(plan, &outcome)
+        .map_err(|e| e.to_string())
         .and_then(|page| std::fs::write(&html, page).map_err(|e| e.to_string()))
         .map_err(|reason| CalibrateError::Write {
             path: html.display().to_string(),
@@ -566,7 +567,7 @@ fn write_csv(path: &Path, outcome: &Outcome) -> Result<(), csv::Error> {
 }
 
 /// The page: the tables, then per (profile, workload) both engines' CDFs overlaid.
-fn page(plan: &Plan, outcome: &Outcome) -> Result<String, String> {
+fn page(plan: &Plan, outcome: &Outcome) -> Result<String, crate::report::html::PlotError> {
     use crate::report::html::{cdf_plot, escape, head};
     let mut html = head("faultrig calibrate: the model against kernel TCP");
     html += &format!(
@@ -598,7 +599,7 @@ fn page(plan: &Plan, outcome: &Outcome) -> Result<String, String> {
                 .map(|s| (s.engine.as_str().to_string(), stats::cdf(&s.values, 500)))
                 .collect();
             let x = format!("{}, {} (log scale)", c.kind.unit(), describe(c.kind));
-            html += &cdf_plot(&series, &x).map_err(|e| format!("plot: {e}"))?;
+            html += &cdf_plot(&series, &x)?;
         }
     }
     html += "</body></html>\n";

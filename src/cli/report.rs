@@ -187,7 +187,7 @@ fn write_html(
     baseline: Option<&compare::Comparison>,
 ) -> Result<(), CliError> {
     let page = crate::report::html::page(title, table, rows, checks, baseline)
-        .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+        .map_err(|e| CliError::Failed(e.into()))?;
     std::fs::write(path, page)
         .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))
 }
