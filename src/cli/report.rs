@@ -100,7 +100,7 @@ pub fn run(r: Report) -> Result<(), CliError> {
 fn read_table(files: &[PathBuf], rounds: RoundSummary) -> Result<(Table, usize), CliError> {
     let mut rows = Vec::new();
     for f in files {
-        rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
+        rows.extend(crate::results::read(f).map_err(|e| CliError::Usage(e.to_string()))?);
     }
     let table = Table::build(&rows, rounds).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((table, rows.len()))
