@@ -487,7 +487,7 @@ pub async fn connect_tcp(
         let cc = options.congestion;
         let make = move || new_socket(addr, cc);
         let socket = match &options.namespace {
-            Some(ns) => ns.run_async(make).await,
+            Some(ns) => ns.within_async(make).await,
             None => make(),
         }
         .map_err(fail)?;

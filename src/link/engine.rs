@@ -225,7 +225,7 @@ async fn create_device(end: End<'_>, addr: Ipv4Addr, peer: Ipv4Addr) -> io::Resu
     };
     match end {
         End::Host => build(),
-        End::Namespace(ns) => ns.run_async(build).await,
+        End::Namespace(ns) => ns.within_async(build).await,
     }
 }
 

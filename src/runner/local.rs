@@ -251,7 +251,7 @@ async fn listen_in_b(
 ) -> Result<std::net::TcpListener, LocalError> {
     let cc: CongestionControl = profile.downstream.congestion_control;
     pair.b
-        .run_async(move || -> std::io::Result<std::net::TcpListener> {
+        .within_async(move || -> std::io::Result<std::net::TcpListener> {
             let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
             socket.set_tcp_congestion(cc.as_str().as_bytes())?;
             socket.bind(&SocketAddr::from(SocketAddrV4::new(PAIR_ADDRS.b, 0)).into())?;
