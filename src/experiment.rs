@@ -22,7 +22,7 @@ use crate::units::parse_duration;
 use crate::workload::Workload;
 
 /// The default experiment: what `faultrig run` does with no file.
-pub const DEFAULT: &str = include_str!("../scripts/lan-compare.toml");
+pub(crate) const DEFAULT: &str = include_str!("../scripts/lan-compare.toml");
 
 /// A validated experiment.
 #[derive(Clone, Debug)]
@@ -74,7 +74,7 @@ pub struct Remote {
 /// The `[remote]` table of an experiment file.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RemoteFile {
+pub(crate) struct RemoteFile {
     /// `HOST:PORT` of the proxy host's control API.
     pub api: Option<String>,
     /// `HOST:PORT` the proxies listen on; default: the API's host, any free port.
@@ -285,7 +285,7 @@ pub struct Cell {
 /// What a file (or the command line) says; every field optional so flags can fill or override.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExperimentFile {
+pub(crate) struct ExperimentFile {
     pub name: Option<String>,
     pub profiles: Option<Vec<String>>,
     pub flavours: Option<Vec<String>>,
@@ -321,7 +321,7 @@ pub struct ExperimentFile {
 /// Where an experiment's values came from: keys (`calls`, `remote.api`, …) with the file line
 /// that set them, and the keys a command-line flag replaced.
 #[derive(Clone, Debug, Default)]
-pub struct Sources {
+pub(crate) struct Sources {
     lines: BTreeMap<String, usize>,
     flags: Vec<String>,
 }
@@ -357,7 +357,7 @@ impl Sources {
 
     /// `message` about `key`, naming where its value came from: `--flag: …` when a flag set
     /// it, `FILE:LINE: key `k`: …` when the file did, `FILE: key `k`: …` for a missing key.
-    pub fn blame(&self, origin: &str, key: &str, message: impl std::fmt::Display) -> String {
+    pub(crate) fn blame(&self, origin: &str, key: &str, message: impl std::fmt::Display) -> String {
         let top = key.split('.').next().unwrap_or(key);
         if self.flags.iter().any(|f| f == top) {
             return format!("--{}: {message}", top.replace('_', "-"));
@@ -372,7 +372,7 @@ impl Sources {
 /// Why an experiment file (with the flags over it) is not a run. Every message names the file,
 /// and the line where one is known, or the flag at fault.
 #[derive(Debug, thiserror::Error)]
-pub enum ExperimentError {
+pub(crate) enum ExperimentError {
     /// Said in one line: the file, then why it could not be read.
     #[error("{}: {error}", path.display())]
     Read {
@@ -457,7 +457,7 @@ impl ExperimentFile {
 
     /// Checks every value, naming the key at fault with its line (`origin:line: key `k`:
     /// message`), or the flag that set it.
-    pub fn validate(self, origin: &str) -> Result<Experiment, ExperimentError> {
+    pub(crate) fn validate(self, origin: &str) -> Result<Experiment, ExperimentError> {
         self.check(origin).map_err(ExperimentError::Invalid)
     }
 
@@ -851,7 +851,7 @@ impl Experiment {
     }
 
     /// Where `flavour` stands in `flavours`.
-    pub fn flavour_index(&self, flavour: &CellFlavour) -> usize {
+    pub(crate) fn flavour_index(&self, flavour: &CellFlavour) -> usize {
         self.flavours
             .iter()
             .position(|f| f.name() == flavour.name())
@@ -859,7 +859,7 @@ impl Experiment {
     }
 
     /// The distinct backends the cells need, in first-seen order; each gets its own servers.
-    pub fn backends(&self) -> Vec<BackendSpec> {
+    pub(crate) fn backends(&self) -> Vec<BackendSpec> {
         let mut list: Vec<BackendSpec> = Vec::new();
         for w in &self.workloads {
             if !list.contains(&w.backend) {

@@ -81,7 +81,7 @@ impl Placeholder {
     ];
 
     /// What `serve` may name: where to listen, and the one server-side axis.
-    pub const SERVE: [Placeholder; 3] =
+    pub(crate) const SERVE: [Placeholder; 3] =
         [Placeholder::Host, Placeholder::Port, Placeholder::Nodelay];
 
     pub fn name(self) -> &'static str {
@@ -154,7 +154,7 @@ impl CommandLine {
     }
 
     /// The argv with every placeholder replaced by `value`'s answer.
-    pub fn fill(&self, value: impl Fn(Placeholder) -> String) -> Vec<String> {
+    pub(crate) fn fill(&self, value: impl Fn(Placeholder) -> String) -> Vec<String> {
         self.words
             .iter()
             .map(|w| {
@@ -218,7 +218,7 @@ pub struct ExternalFlavour {
 /// Checks the name of a flavour an experiment file defines (an `[external.NAME]` table or a
 /// `[[targets]]` entry): it goes into CSV rows and file names, and must not pass for a
 /// built-in flavour.
-pub fn check_name(name: &str) -> Result<(), NameError> {
+pub(crate) fn check_name(name: &str) -> Result<(), NameError> {
     if name.is_empty()
         || !name
             .chars()
@@ -234,7 +234,7 @@ pub fn check_name(name: &str) -> Result<(), NameError> {
 
 /// Why a name cannot be a flavour an experiment file defines ([`check_name`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
+pub(crate) enum NameError {
     #[error("the name \"{0}\" must be letters, digits, '-', '_' or '.'")]
     Characters(String),
     #[error("\"{0}\" is a built-in flavour; give yours another name")]
@@ -287,11 +287,11 @@ impl ExternalFlavour {
 
 /// The longest line a client may print; a longer one is garbage (and no client can make the
 /// runner hold an unbounded line).
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;
 
 /// One line of a client's standard output.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Line {
+pub(crate) enum Line {
     /// `LATENCY_US OUTCOME`: one call; `failure` is `None` for `ok`.
     Call {
         latency_us: u64,
@@ -307,7 +307,7 @@ pub enum Line {
 
 /// Why a client's output line is not one of ours.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LineError {
+pub(crate) enum LineError {
     #[error("conns {0:?} is not a count")]
     Conns(String),
     #[error("{0:?} is not a latency in whole µs")]
@@ -369,7 +369,7 @@ fn outcomes() -> String {
 
 /// What a client's lines add up to, for the measured phase.
 #[derive(Debug)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub ok: u64,
     pub errors: FailureCounts,
     /// Latencies of the successful calls, µs (as faultrig's own clients record them).
@@ -442,7 +442,7 @@ impl Tail {
     }
 
     /// `; its stderr ends: A | B`, or nothing when it wrote nothing.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.lines.is_empty() {
             return String::new();
         }
@@ -453,7 +453,7 @@ impl Tail {
 
 /// How long a cell's client may run: its warm-up, then its calls at worst one timeout each per
 /// worker (or its duration plus one timeout), plus `grace` to start and stop.
-pub fn client_limit(
+pub(crate) fn client_limit(
     stop: crate::bench::Stop,
     warmup: Duration,
     timeout: Duration,

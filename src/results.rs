@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// The columns, in order. [`Row`]'s fields are declared in this order; a test keeps them equal.
-pub const COLUMNS: [&str; 41] = [
+pub(crate) const COLUMNS: [&str; 41] = [
     "run_id",
     "started_at",
     "host",
@@ -161,7 +161,7 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
-pub fn encode_histogram(h: &Histogram<u64>) -> String {
+pub(crate) fn encode_histogram(h: &Histogram<u64>) -> String {
     let mut bytes = Vec::new();
     V2DeflateSerializer::new()
         .serialize(h, &mut bytes)
@@ -183,7 +183,7 @@ const HDR_MAX_PAYLOAD: u32 = 1 << 20;
 /// Counts a histogram within those bounds has, at most.
 pub const HDR_MAX_COUNTS: usize = 2048 * 33;
 
-pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, HdrError> {
+pub(crate) fn decode_histogram(text: &str) -> Result<Histogram<u64>, HdrError> {
     use std::io::Read;
     let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim())?;
     let word = |b: &[u8], at: usize| -> Option<u32> {
@@ -311,7 +311,7 @@ pub fn read(path: &Path) -> Result<Vec<Row>, ReadError> {
 }
 
 /// [`read`] from any reader; `origin` names it in messages.
-pub fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, ReadError> {
+pub(crate) fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, ReadError> {
     let mut reader = csv::Reader::from_reader(input);
     let header = reader
         .headers()

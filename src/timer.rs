@@ -49,7 +49,7 @@ fn observe_lateness(late: Duration) {
 }
 
 /// Waits until `deadline` with microsecond precision. Never completes early.
-pub fn sleep_until(deadline: Instant) -> PreciseSleep {
+pub(crate) fn sleep_until(deadline: Instant) -> PreciseSleep {
     PreciseSleep {
         deadline,
         registered: None,
@@ -58,7 +58,7 @@ pub fn sleep_until(deadline: Instant) -> PreciseSleep {
 
 /// Future returned by [`sleep_until`].
 #[derive(Debug)]
-pub struct PreciseSleep {
+pub(crate) struct PreciseSleep {
     deadline: Instant,
     /// When the timer thread was asked to wake us, under which key, and whom: a poll before
     /// then (another branch of the same task woke it) needs no second registration.

@@ -40,7 +40,7 @@ use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile, MAX_P
 
 /// The longest a timer toxic (slow_close, timeout, reset_peer) waits, alone or added up: a
 /// day. No test means more, and deadlines a day ahead stay far from overflowing `Instant`s.
-pub const MAX_TIMER: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_TIMER: Duration = Duration::from_secs(24 * 3600);
 
 /// `total + more`, at most `max`: toxics add up, but never past what the model (or a timer)
 /// takes, however many a client stacks.
@@ -330,7 +330,7 @@ impl ToxicKind {
     }
 
     /// The `type` name on the API (serde's, so it is written once).
-    pub fn type_name(&self) -> String {
+    pub(crate) fn type_name(&self) -> String {
         self.split().0
     }
 
@@ -362,7 +362,7 @@ impl ToxicKind {
 
     /// Settles what the attributes mean beyond their bounds (which rate a loss gives, which
     /// profile a profile toxic names), so [`resolve`] never meets an unusable toxic.
-    pub fn settle(&mut self) -> Result<(), SettleError> {
+    pub(crate) fn settle(&mut self) -> Result<(), SettleError> {
         match self {
             ToxicKind::Loss(loss) => loss.process().map(drop),
             ToxicKind::SynLoss(rate) => rate
@@ -377,7 +377,7 @@ impl ToxicKind {
     /// Whether the toxic describes the path (delay, rate, loss, a whole profile) rather than
     /// what happens to one connection's bytes or handshake. Only these can run on the kernel
     /// engine, whose connections share one real link.
-    pub fn shapes_the_path(&self) -> bool {
+    pub(crate) fn shapes_the_path(&self) -> bool {
         matches!(
             self,
             ToxicKind::Latency { .. }
@@ -690,7 +690,7 @@ impl Draws {
 
     /// Whether `toxic` applies to this connection: its client is one the toxic names (if it
     /// names any), and it is drawn, on first sight of each revision.
-    pub fn applies(&mut self, toxic: &Toxic) -> bool {
+    pub(crate) fn applies(&mut self, toxic: &Toxic) -> bool {
         if !self.reaches(toxic) {
             return false;
         }
@@ -711,7 +711,7 @@ impl Draws {
 /// The path `toxics` make of `base` on the kernel engine. Every toxic applies: the control API
 /// accepts only path toxics at toxicity 1 for every client on such a proxy, so no draw is
 /// ever made.
-pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
+pub(crate) fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
     let mut every = Draws::new(ChaCha8Rng::seed_from_u64(0));
     resolve(base, toxics, &mut every).profile
 }
@@ -719,7 +719,7 @@ pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
 /// What `toxics` do to a connection of a proxy whose own impairment is `base`, given its draws.
 /// Toxics apply in list order: a `profile` toxic replaces what came before it in its direction,
 /// latencies add up, the slowest bandwidth wins, loss probabilities combine as independent.
-pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> ConnectionFaults {
+pub(crate) fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> ConnectionFaults {
     let mut profile = base.clone();
     let mut up = DirectionFaults::new(base.upstream.clone());
     let mut down = DirectionFaults::new(base.downstream.clone());
@@ -852,7 +852,7 @@ fn combine_loss(a: LossProcess, b: LossProcess) -> LossProcess {
 
 impl Slicer {
     /// The smallest piece [`slice`] cuts (short of a chunk's last).
-    pub fn min_piece(&self) -> usize {
+    pub(crate) fn min_piece(&self) -> usize {
         self.average_size
             .saturating_sub(self.size_variation.min(self.average_size))
             .max(1) as usize

@@ -12,8 +12,8 @@ use crate::flavour::CallError;
 use crate::rig::{pb, Call, Reply};
 
 /// Smallest and largest blob payloads.
-pub const MIN_BLOB: usize = 128;
-pub const MAX_BLOB: usize = 16 << 20;
+pub(crate) const MIN_BLOB: usize = 128;
+pub(crate) const MAX_BLOB: usize = 16 << 20;
 /// Blobs up to this size get the call index stamped in (a copy per call), so a reply matched to
 /// the wrong call is caught; bigger ones share one buffer, since copying megabytes per call
 /// would be measured as latency.
@@ -131,7 +131,7 @@ impl Generator {
 
     /// Checks a reply against its call: echoes must match exactly; a deduct answer must be
     /// consistent. A mismatch is a `protocol` failure.
-    pub fn verify(call: &Call, reply: &Reply) -> Result<(), CallError> {
+    pub(crate) fn verify(call: &Call, reply: &Reply) -> Result<(), CallError> {
         let fine = match (call, reply) {
             (Call::EchoOrder(a), Reply::EchoOrder(b)) => a == b,
             (Call::EchoBlob(a), Reply::EchoBlob(b)) => a == b,

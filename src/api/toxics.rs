@@ -183,7 +183,7 @@ impl ToxicEntry {
 
     /// The toxic on the wire: every attribute of its type present (0 when never given), as
     /// Toxiproxy answers, and whatever else was given as it was given.
-    pub fn to_wire(&self) -> ToxicJson {
+    pub(crate) fn to_wire(&self) -> ToxicJson {
         let mut wire = ToxicJson::new(&self.toxic.name, self.toxic.stream, &self.toxic.kind);
         wire.toxicity = self.toxic.toxicity;
         for (k, v) in &self.attributes {
@@ -193,7 +193,7 @@ impl ToxicEntry {
     }
 }
 
-pub fn parse_stream(s: &str) -> Result<Direction, ApiError> {
+pub(crate) fn parse_stream(s: &str) -> Result<Direction, ApiError> {
     match s.to_ascii_lowercase().as_str() {
         "upstream" => Ok(Direction::Upstream),
         "downstream" => Ok(Direction::Downstream),

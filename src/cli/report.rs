@@ -52,7 +52,7 @@ pub struct ReportArgs {
 }
 
 /// `report`'s arguments, checked: the tables read and combined, the baseline compared.
-pub struct Report {
+pub(crate) struct Report {
     table: Table,
     rows: usize,
     comparison: Option<compare::Comparison>,
@@ -64,7 +64,7 @@ pub struct Report {
 impl ReportArgs {
     /// Reads the results files (and the baseline's): a missing or foreign file, or a broken
     /// row, is bad input naming the file.
-    pub fn validate(self) -> Result<Report, CliError> {
+    pub(crate) fn validate(self) -> Result<Report, CliError> {
         let (table, rows) = read_table(&self.files, self.rounds)?;
         let comparison = if self.baseline.is_empty() {
             None

@@ -86,7 +86,7 @@ pub struct Run {
 
 impl RunArgs {
     /// The experiment file (or the built-in one) with the flags over it, every value checked.
-    pub fn validate(self) -> Result<Run, CliError> {
+    pub(crate) fn validate(self) -> Result<Run, CliError> {
         let (file, origin) = match &self.experiment {
             Some(path) => (ExperimentFile::load(path), path.display().to_string()),
             None => (

@@ -18,23 +18,23 @@ use crate::service::RigService;
 
 /// HTTP/2 flow-control windows. The 64 KiB defaults would make a 1 MiB blob wait for several
 /// WINDOW_UPDATE round trips, which on a 10 ms link measures flow control, not the RPC.
-pub const STREAM_WINDOW: u32 = 4 << 20;
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
+pub(crate) const STREAM_WINDOW: u32 = 4 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Streams one HTTP/2 connection may have open: ten times the largest concurrency the
 /// experiments use. A client past it waits for a stream to close (h2 flow control).
-pub const MAX_STREAMS: u32 = 1024;
+pub(crate) const MAX_STREAMS: u32 = 1024;
 
 /// Largest header block a stream may send (hyper's default, stated): with [`MAX_STREAMS`],
 /// 16 MiB of headers per connection at most.
-pub const MAX_HEADER_LIST: u32 = 16 << 10;
+pub(crate) const MAX_HEADER_LIST: u32 = 16 << 10;
 
 /// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
 /// room for every call a load generator keeps in flight. Request bytes not yet read by a
 /// handler are bounded by the connection window; what handlers hold is charged to the
 /// connection's byte budget (`http2-json`, see [`super::budget`]). Dead peers are found by PING
 /// ([`crate::net::H2_KEEP_ALIVE_INTERVAL`]).
-pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
+pub(crate) fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .initial_stream_window_size(STREAM_WINDOW)

@@ -32,7 +32,7 @@ const COST_PER_BODY_BYTE: usize = 3;
 const CHARGE_BATCH: usize = 64 << 10;
 
 /// A response body holding its call's budget charge until hyper has taken the last bytes.
-pub struct ChargedBody {
+pub(crate) struct ChargedBody {
     body: Full<Bytes>,
     _charge: Vec<Charge>,
 }
@@ -206,7 +206,7 @@ pub async fn reply(op: Operation, resp: Response<Incoming>) -> Result<Reply, Cal
 /// callers poll the connection themselves while they wait; readiness wakes every waiting caller
 /// (whichever runs first drives the I/O for all of them). Between calls nobody polls it, which
 /// only delays noticing a server's close until the next call.
-pub struct CallerDriven<C> {
+pub(crate) struct CallerDriven<C> {
     /// The connection future; `None` once it has finished.
     connection: Mutex<Option<Pin<Box<C>>>>,
     /// Callers waiting on this connection, woken whenever the connection can make progress.
@@ -246,7 +246,7 @@ impl<C: Future + Send> CallerDriven<C> {
     }
 
     /// Runs `exchange` to completion, driving the connection while it waits.
-    pub async fn drive<T>(
+    pub(crate) async fn drive<T>(
         &self,
         exchange: impl Future<Output = Result<T, CallError>>,
     ) -> Result<T, CallError> {

@@ -28,7 +28,7 @@ use crate::profile::Profile;
 use crate::timer::sleep_until;
 
 /// Ethernet's MTU: the kernel's TCP then uses the 1448-byte segments the model assumes.
-pub const MTU: u16 = 1500;
+pub(crate) const MTU: u16 = 1500;
 /// Largest packet read from a device (a TUN device without offloads hands over one IP packet,
 /// at most the MTU; the margin costs nothing).
 const READ_BUF: usize = 65_536;

@@ -25,7 +25,7 @@ use crate::profile::LinkParams;
 
 /// Why the engine dropped a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropCause {
+pub(crate) enum DropCause {
     /// The loss process.
     Loss,
     /// The bottleneck queue was full.
@@ -34,14 +34,14 @@ pub enum DropCause {
 
 /// One packet's fate.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Fate {
+pub(crate) enum Fate {
     Dropped(DropCause),
     Delivered(Delivery),
 }
 
 /// A packet that reaches the other end.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// When it is handed to the other end (time since the link started).
     pub at: Duration,
     /// Time spent waiting for the bottleneck before serialising.
@@ -56,14 +56,14 @@ pub struct Delivery {
 
 /// The random streams of one direction: one per concern, so adding a fault to a profile never
 /// moves another fault's draws.
-pub struct Streams {
+pub(crate) struct Streams {
     pub loss: ChaCha8Rng,
     pub jitter: ChaCha8Rng,
     pub faults: ChaCha8Rng,
 }
 
 /// One direction of a link.
-pub struct PacketImpairment {
+pub(crate) struct PacketImpairment {
     params: LinkParams,
     streams: Streams,
     /// Gilbert–Elliott state.
@@ -127,7 +127,7 @@ impl PacketImpairment {
 /// The bit a corruption flips in an IP packet: one of the bits after the IP header, so the
 /// transport's checksum is what notices (a flipped header bit would make the packet unwritable
 /// rather than corrupt). `None` for a packet with nothing after its header.
-pub fn corrupt_bit(packet: &[u8], draw: u64) -> Option<usize> {
+pub(crate) fn corrupt_bit(packet: &[u8], draw: u64) -> Option<usize> {
     let header = match packet.first()? >> 4 {
         4 => usize::from(packet[0] & 0x0f) * 4,
         6 => 40,

@@ -92,7 +92,7 @@ impl Namespace {
     }
 
     /// [`Namespace::within`] without blocking the async runtime.
-    pub async fn within_async<T: Send + 'static>(
+    pub(crate) async fn within_async<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
@@ -114,7 +114,7 @@ impl Namespace {
 
     /// Sets a sysctl of this namespace (`/proc/sys/net/...` shows the namespace of the thread
     /// that opens it), e.g. `("net/ipv4/tcp_congestion_control", "cubic")`.
-    pub fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
+    pub(crate) fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
         let path = format!("/proc/sys/{key}");
         let value = value.to_string();
         self.within(move || {
@@ -127,14 +127,14 @@ impl Namespace {
     /// namespace other than the host's pick only algorithms listed in the (global)
     /// `net.ipv4.tcp_allowed_congestion_control`, so this can fail where a socket's own
     /// `TCP_CONGESTION` (which root may set to anything the kernel has) would not.
-    pub fn set_congestion_control(&self, cc: CongestionControl) -> io::Result<()> {
+    pub(crate) fn set_congestion_control(&self, cc: CongestionControl) -> io::Result<()> {
         self.sysctl("net/ipv4/tcp_congestion_control", cc.as_str())
     }
 
     /// TCP segments this namespace's stack has retransmitted so far (`RetransSegs` of its
     /// `/proc/net/snmp`): every connection's, closed ones included, as `tcpi_total_retrans`
     /// would sum them, read without `getsockopt(TCP_INFO)`, which no safe API offers.
-    pub async fn tcp_retransmissions(&self) -> io::Result<u64> {
+    pub(crate) async fn tcp_retransmissions(&self) -> io::Result<u64> {
         self.within_async(|| {
             // thread-self: /proc/self/net would show the namespace of the process's main thread.
             let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")?;

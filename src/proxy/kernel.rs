@@ -83,7 +83,7 @@ impl KernelPath {
     }
 
     /// The link's counters.
-    pub fn link_stats(&self) -> Arc<LinkStats> {
+    pub(crate) fn link_stats(&self) -> Arc<LinkStats> {
         self.pair.link.stats()
     }
 

@@ -130,7 +130,7 @@ fn panels(t: &Table, axis: Axis) -> Vec<Panel> {
 }
 
 /// The sweep charts, each under its heading with a legend; empty when nothing sweeps.
-pub fn charts(t: &Table) -> Result<String, PlotError> {
+pub(crate) fn charts(t: &Table) -> Result<String, PlotError> {
     let mut html = String::new();
     for (axis, metric, heading) in [
         (

@@ -30,7 +30,7 @@ const START: Duration = Duration::from_secs(30);
 
 /// A started external server; stopped (SIGTERM, then SIGKILL) and reaped on drop.
 #[derive(Debug)]
-pub struct ServerProcess {
+pub(crate) struct ServerProcess {
     child: Child,
 }
 
@@ -63,7 +63,7 @@ pub enum ServerError {
 
 /// The flavour's server: started on a free loopback port and waited for until it accepts, or
 /// (`target`) the address given. Returns the process (if started) and the address.
-pub fn start_server(
+pub(crate) fn start_server(
     bin: &Path,
     x: &ExternalFlavour,
     nodelay: bool,
@@ -169,7 +169,7 @@ fn drain(pipe: Option<Box<dyn Read + Send>>) -> (Arc<Mutex<Tail>>, mpsc::Receive
 
 /// Why a cell's client gave no row.
 #[derive(Debug, thiserror::Error)]
-pub enum CellError {
+pub(crate) enum CellError {
     #[error("cannot start {program}: {source}")]
     Start {
         program: String,
@@ -194,7 +194,7 @@ pub enum CellError {
 /// A cell's client failed: why, and the last lines of its standard error.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}{stderr}")]
-pub struct ClientFailed {
+pub(crate) struct ClientFailed {
     pub error: CellError,
     /// `; its stderr ends: ...`, or empty ([`Tail::describe`]).
     pub stderr: String,
@@ -244,7 +244,7 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// the counters: once before the client starts, and again when it says `begin`, so they cover
 /// the same calls as the row. The client is killed if this future is dropped (an interrupted
 /// run) or runs past its limit.
-pub async fn run_cell<F: std::future::Future<Output = Probe>>(
+pub(crate) async fn run_cell<F: std::future::Future<Output = Probe>>(
     bin: &Path,
     x: &ExternalFlavour,
     exp: &Experiment,

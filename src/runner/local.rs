@@ -31,7 +31,7 @@ use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
 use crate::service::Backend;
 
 /// Every server and proxy of a local run; all stopped on drop.
-pub struct LocalTargets {
+pub(crate) struct LocalTargets {
     /// The distinct backends, in the order of `targets`' first index.
     backends: Vec<BackendSpec>,
     /// `targets[backend][flavour][nodelay]` (`nodelay` in the experiment's order): a server
@@ -172,7 +172,7 @@ impl LocalTargets {
     }
 
     /// Where the cell's calls go, and how its client sockets are made.
-    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
+    pub(crate) fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
         let mut socket = SocketOptions {
             nodelay: cell.nodelay,
             write_pattern: cell.write_pattern,

@@ -32,7 +32,7 @@ const PROFILE_TOXICS: [(&str, Direction); 2] = [
     ("faultrig-profile-down", Direction::Downstream),
 ];
 
-pub struct RemoteTargets {
+pub(crate) struct RemoteTargets {
     api: Api,
     /// One proxy per flavour, in the experiment's flavour order.
     proxies: Vec<RemoteProxy>,
@@ -212,7 +212,7 @@ impl RemoteTargets {
     }
 
     /// Puts the cell's profile in place; returns where its calls go.
-    pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
+    pub(crate) async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
         let p = &mut self.proxies[exp.flavour_index(&cell.flavour)];
         if p.profile != Some(cell.profile) {
             if let Err(e) = self.api.set_profile(p, cell.profile).await {

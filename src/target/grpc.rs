@@ -50,7 +50,7 @@ pub struct GrpcTargetSpec {
 
 impl GrpcTargetSpec {
     /// Whether any generic gRPC flag was given.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.call.is_some() || !self.proto.is_empty() || self.reflect
     }
 
@@ -58,7 +58,7 @@ impl GrpcTargetSpec {
     /// fetched from `addr`'s reflection service, within `timeout`), the method found and
     /// unary, the data parsed and checked against the request message (the first call's, as
     /// rendered with `seed`), the metadata and the expected reply parsed.
-    pub async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         addr: &str,
         seed: u64,

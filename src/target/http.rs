@@ -45,7 +45,7 @@ pub struct HttpTargetSpec {
 impl HttpTargetSpec {
     /// Checks and prepares everything before any load. Returns the target and the address its
     /// URL names (HOST:PORT), which is where it connects unless told otherwise.
-    pub fn resolve(&self, seed: u64) -> Result<(HttpTarget, String), TargetError> {
+    pub(crate) fn resolve(&self, seed: u64) -> Result<(HttpTarget, String), TargetError> {
         let url = self
             .url
             .as_deref()

@@ -35,7 +35,7 @@ enum Part {
 }
 
 /// Longest `{{rand_string N}}`: a typo of a few more digits must not ask for gigabytes a call.
-pub const MAX_RAND_STRING: usize = 1 << 20;
+pub(crate) const MAX_RAND_STRING: usize = 1 << 20;
 
 /// Why a text is not a template: each names the placeholder at fault (without its braces
 /// here; the messages put them back).
@@ -83,13 +83,13 @@ impl Template {
     }
 
     /// True when the template has no placeholders: every call carries the same text.
-    pub fn is_constant(&self) -> bool {
+    pub(crate) fn is_constant(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, Part::Text(_)))
     }
 
     /// The text of call `index` made by worker `worker`, its random values drawn from `seed`
     /// and `index`.
-    pub fn render(&self, seed: u64, index: u64, worker: usize) -> String {
+    pub(crate) fn render(&self, seed: u64, index: u64, worker: usize) -> String {
         // Made on the first random placeholder only: most templates have none.
         let mut rng: Option<ChaCha8Rng> = None;
         // Decorrelates neighbouring (seed, index) pairs (splitmix64's constant).
