@@ -11,6 +11,7 @@
 //! future, which lives as long as the process.
 
 use std::io::{self, BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,14 +19,29 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// The hidden flag that hands a child its parent's pid.
-pub const PARENT_FLAG: &str = "--parent";
+pub(crate) const PARENT_FLAG: &str = "--parent";
+
+/// `BIN supervise --parent PID --`, this process's pid as the parent: add the program to run
+/// and its arguments. The one place that spells that command line (`bin` is the faultrig binary,
+/// which holds the hidden `supervise` subcommand). For tokio, convert with
+/// `tokio::process::Command::from`.
+pub(crate) fn supervised(bin: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command.args([
+        "supervise",
+        PARENT_FLAG,
+        &std::process::id().to_string(),
+        "--",
+    ]);
+    command
+}
 
 /// How long a child gets to stop on SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a child could not tie its life to its parent's.
 #[derive(Debug, thiserror::Error)]
-pub enum OrphanError {
+pub(crate) enum OrphanError {
     #[error("cannot ask for a signal when the parent dies: {0}")]
     Signal(#[from] nix::Error),
     #[error("the process that started this one (pid {0}) has already exited")]
@@ -34,7 +50,7 @@ pub enum OrphanError {
 
 /// Arranges for SIGTERM when the parent `parent` dies. Fails when it already has: the signal
 /// would then never come, and this process would outlive the run it belongs to.
-pub fn die_with_parent(parent: u32) -> Result<(), OrphanError> {
+pub(crate) fn die_with_parent(parent: u32) -> Result<(), OrphanError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
     // Set first, checked after: a parent that died in between is seen here.
     if nix::unistd::getppid().as_raw() as u32 != parent {

@@ -22,7 +22,7 @@ use crate::units::parse_duration;
 use crate::workload::Workload;
 
 /// The default experiment: what `faultrig run` does with no file.
-pub const DEFAULT: &str = include_str!("../scripts/lan-compare.toml");
+pub(crate) const DEFAULT: &str = include_str!("../scripts/lan-compare.toml");
 
 /// A validated experiment.
 #[derive(Clone, Debug)]
@@ -74,7 +74,7 @@ pub struct Remote {
 /// The `[remote]` table of an experiment file.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RemoteFile {
+pub(crate) struct RemoteFile {
     /// `HOST:PORT` of the proxy host's control API.
     pub api: Option<String>,
     /// `HOST:PORT` the proxies listen on; default: the API's host, any free port.
@@ -285,7 +285,7 @@ pub struct Cell {
 /// What a file (or the command line) says; every field optional so flags can fill or override.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExperimentFile {
+pub(crate) struct ExperimentFile {
     pub name: Option<String>,
     pub profiles: Option<Vec<String>>,
     pub flavours: Option<Vec<String>>,
@@ -321,7 +321,7 @@ pub struct ExperimentFile {
 /// Where an experiment's values came from: keys (`calls`, `remote.api`, …) with the file line
 /// that set them, and the keys a command-line flag replaced.
 #[derive(Clone, Debug, Default)]
-pub struct Sources {
+pub(crate) struct Sources {
     lines: BTreeMap<String, usize>,
     flags: Vec<String>,
 }
@@ -357,7 +357,7 @@ impl Sources {
 
     /// `message` about `key`, naming where its value came from: `--flag: …` when a flag set
     /// it, `FILE:LINE: key `k`: …` when the file did, `FILE: key `k`: …` for a missing key.
-    pub fn blame(&self, origin: &str, key: &str, message: impl std::fmt::Display) -> String {
+    pub(crate) fn blame(&self, origin: &str, key: &str, message: impl std::fmt::Display) -> String {
         let top = key.split('.').next().unwrap_or(key);
         if self.flags.iter().any(|f| f == top) {
             return format!("--{}: {message}", top.replace('_', "-"));
@@ -369,20 +369,37 @@ impl Sources {
     }
 }
 
+/// Why an experiment file (with the flags over it) is not a run. Every message names the file,
+/// and the line where one is known, or the flag at fault.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExperimentError {
+    /// Said in one line: the file, then why it could not be read.
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    /// Not TOML, or a key or type the file does not have.
+    #[error("{origin}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Syntax {
+        origin: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// A value out of bounds or at odds with another; the message says where it came from.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl ExperimentFile {
     /// Parses experiment TOML; errors name `origin`, the line and the key.
-    pub fn parse(src: &str, origin: &str) -> Result<ExperimentFile, String> {
-        let file: ExperimentFile = toml::from_str(src).map_err(|e| {
-            let line = e
+    pub fn parse(src: &str, origin: &str) -> Result<ExperimentFile, ExperimentError> {
+        let file: ExperimentFile = toml::from_str(src).map_err(|e| ExperimentError::Syntax {
+            origin: origin.to_string(),
+            line: e
                 .span()
-                .map(|s| {
-                    format!(
-                        ":{}",
-                        src[..s.start.min(src.len())].matches('\n').count() + 1
-                    )
-                })
-                .unwrap_or_default();
-            format!("{origin}{line}: {}", e.message().trim())
+                .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
+            message: e.message().trim().to_string(),
         })?;
         Ok(ExperimentFile {
             sources: Sources::of(src),
@@ -390,8 +407,11 @@ impl ExperimentFile {
         })
     }
 
-    pub fn load(path: &Path) -> Result<ExperimentFile, String> {
-        let src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<ExperimentFile, ExperimentError> {
+        let src = std::fs::read_to_string(path).map_err(|error| ExperimentError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
         ExperimentFile::parse(&src, &path.display().to_string())
     }
 
@@ -437,7 +457,13 @@ impl ExperimentFile {
 
     /// Checks every value, naming the key at fault with its line (`origin:line: key `k`:
     /// message`), or the flag that set it.
-    pub fn validate(self, origin: &str) -> Result<Experiment, String> {
+    pub(crate) fn validate(self, origin: &str) -> Result<Experiment, ExperimentError> {
+        self.check(origin).map_err(ExperimentError::Invalid)
+    }
+
+    /// [`ExperimentFile::validate`], its message already naming where the value came from
+    /// ([`Sources::blame`]).
+    fn check(self, origin: &str) -> Result<Experiment, String> {
         let sources = self.sources.clone();
         let bad = |key: &str, msg: String| sources.blame(origin, key, msg);
         let list = |key: &str, v: Option<Vec<String>>| -> Result<Vec<String>, String> {
@@ -825,7 +851,7 @@ impl Experiment {
     }
 
     /// Where `flavour` stands in `flavours`.
-    pub fn flavour_index(&self, flavour: &CellFlavour) -> usize {
+    pub(crate) fn flavour_index(&self, flavour: &CellFlavour) -> usize {
         self.flavours
             .iter()
             .position(|f| f.name() == flavour.name())
@@ -833,7 +859,7 @@ impl Experiment {
     }
 
     /// The distinct backends the cells need, in first-seen order; each gets its own servers.
-    pub fn backends(&self) -> Vec<BackendSpec> {
+    pub(crate) fn backends(&self) -> Vec<BackendSpec> {
         let mut list: Vec<BackendSpec> = Vec::new();
         for w in &self.workloads {
             if !list.contains(&w.backend) {
@@ -849,7 +875,9 @@ mod tests {
     use super::*;
 
     fn validate(src: &str) -> Result<Experiment, String> {
-        ExperimentFile::parse(src, "x.toml")?.validate("x.toml")
+        ExperimentFile::parse(src, "x.toml")
+            .and_then(|file| file.validate("x.toml"))
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -919,7 +947,8 @@ mod tests {
             .unwrap()
             .merge(over)
             .validate("x.toml")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("--calls: must be"), "{e}");
         let e = validate("profiles = [\"local\"]\nflavors = [\"grpc\"]\n").unwrap_err();
         assert!(

@@ -81,7 +81,7 @@ impl Placeholder {
     ];
 
     /// What `serve` may name: where to listen, and the one server-side axis.
-    pub const SERVE: [Placeholder; 3] =
+    pub(crate) const SERVE: [Placeholder; 3] =
         [Placeholder::Host, Placeholder::Port, Placeholder::Nodelay];
 
     pub fn name(self) -> &'static str {
@@ -154,7 +154,7 @@ impl CommandLine {
     }
 
     /// The argv with every placeholder replaced by `value`'s answer.
-    pub fn fill(&self, value: impl Fn(Placeholder) -> String) -> Vec<String> {
+    pub(crate) fn fill(&self, value: impl Fn(Placeholder) -> String) -> Vec<String> {
         self.words
             .iter()
             .map(|w| {
@@ -218,22 +218,27 @@ pub struct ExternalFlavour {
 /// Checks the name of a flavour an experiment file defines (an `[external.NAME]` table or a
 /// `[[targets]]` entry): it goes into CSV rows and file names, and must not pass for a
 /// built-in flavour.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), NameError> {
     if name.is_empty()
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     {
-        return Err(format!(
-            "the name \"{name}\" must be letters, digits, '-', '_' or '.'"
-        ));
+        return Err(NameError::Characters(name.to_string()));
     }
     if crate::flavour::by_name(name).is_some() {
-        return Err(format!(
-            "\"{name}\" is a built-in flavour; give yours another name"
-        ));
+        return Err(NameError::Builtin(name.to_string()));
     }
     Ok(())
+}
+
+/// Why a name cannot be a flavour an experiment file defines ([`check_name`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NameError {
+    #[error("the name \"{0}\" must be letters, digits, '-', '_' or '.'")]
+    Characters(String),
+    #[error("\"{0}\" is a built-in flavour; give yours another name")]
+    Builtin(String),
 }
 
 impl ExternalFlavour {
@@ -243,7 +248,7 @@ impl ExternalFlavour {
         name: &str,
         file: ExternalFile,
     ) -> Result<ExternalFlavour, (&'static str, String)> {
-        check_name(name).map_err(|e| ("", e))?;
+        check_name(name).map_err(|e| ("", e.to_string()))?;
         let client = file.client.ok_or((
             "client",
             "missing: the command line run per cell (see docs/runner.md)".to_string(),
@@ -282,11 +287,11 @@ impl ExternalFlavour {
 
 /// The longest line a client may print; a longer one is garbage (and no client can make the
 /// runner hold an unbounded line).
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;
 
 /// One line of a client's standard output.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Line {
+pub(crate) enum Line {
     /// `LATENCY_US OUTCOME`: one call; `failure` is `None` for `ok`.
     Call {
         latency_us: u64,
@@ -300,9 +305,25 @@ pub enum Line {
     Ignored,
 }
 
+/// Why a client's output line is not one of ours.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LineError {
+    #[error("conns {0:?} is not a count")]
+    Conns(String),
+    #[error("{0:?} is not a latency in whole µs")]
+    Latency(String),
+    #[error("{word:?} is not an outcome ({known})", known = outcomes())]
+    Outcome { word: String },
+    #[error(
+        "expected `LATENCY_US OUTCOME` ({}), `conns N`, `begin` or `# comment`",
+        outcomes()
+    )]
+    Shape,
+}
+
 impl Line {
     /// Parses one line; `Err` says why it is not one of ours.
-    pub fn parse(line: &str) -> Result<Line, String> {
+    pub fn parse(line: &str) -> Result<Line, LineError> {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             return Ok(Line::Ignored);
@@ -313,19 +334,19 @@ impl Line {
             ["conns", n] => n
                 .parse()
                 .map(Line::Conns)
-                .map_err(|_| format!("conns {n:?} is not a count")),
+                .map_err(|_| LineError::Conns(n.to_string())),
             [latency, outcome] => {
                 let latency_us = latency
                     .parse()
-                    .map_err(|_| format!("{latency:?} is not a latency in whole µs"))?;
+                    .map_err(|_| LineError::Latency(latency.to_string()))?;
                 let failure = match outcome {
                     "ok" => None,
                     word => Some(
                         Failure::ALL
                             .into_iter()
                             .find(|f| f.label() == word)
-                            .ok_or_else(|| {
-                                format!("{word:?} is not an outcome ({})", outcomes())
+                            .ok_or_else(|| LineError::Outcome {
+                                word: word.to_string(),
                             })?,
                     ),
                 };
@@ -334,10 +355,7 @@ impl Line {
                     failure,
                 })
             }
-            _ => Err(format!(
-                "expected `LATENCY_US OUTCOME` ({}), `conns N`, `begin` or `# comment`",
-                outcomes()
-            )),
+            _ => Err(LineError::Shape),
         }
     }
 }
@@ -351,7 +369,7 @@ fn outcomes() -> String {
 
 /// What a client's lines add up to, for the measured phase.
 #[derive(Debug)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub ok: u64,
     pub errors: FailureCounts,
     /// Latencies of the successful calls, µs (as faultrig's own clients record them).
@@ -424,7 +442,7 @@ impl Tail {
     }
 
     /// `; its stderr ends: A | B`, or nothing when it wrote nothing.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.lines.is_empty() {
             return String::new();
         }
@@ -435,7 +453,7 @@ impl Tail {
 
 /// How long a cell's client may run: its warm-up, then its calls at worst one timeout each per
 /// worker (or its duration plus one timeout), plus `grace` to start and stop.
-pub fn client_limit(
+pub(crate) fn client_limit(
     stop: crate::bench::Stop,
     warmup: Duration,
     timeout: Duration,
@@ -570,7 +588,7 @@ mod tests {
         ] {
             assert!(Line::parse(garbage).is_err(), "{garbage}");
         }
-        let e = Line::parse("12 fine").unwrap_err();
+        let e = Line::parse("12 fine").unwrap_err().to_string();
         assert!(
             e.contains("ok, connect, timeout, reset, protocol, other"),
             "{e}"

@@ -37,7 +37,7 @@ pub fn config() -> Config {
 
 /// One change to a valid encoding.
 #[derive(Clone, Debug)]
-pub enum Mutation {
+pub(crate) enum Mutation {
     Flip(usize, u8),
     Truncate(usize),
     Insert(usize, Vec<u8>),
@@ -66,7 +66,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 /// Applies `m` to `bytes`; positions wrap around the input's length.
-pub fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+pub(crate) fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
     let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
     match m {
         Mutation::Flip(i, x) if !bytes.is_empty() => {
@@ -92,7 +92,7 @@ pub fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
 }
 
 /// A valid input with up to four mutations.
-pub fn mutated(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+pub(crate) fn mutated(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
     (valid, vec(mutation(), 0..5)).prop_map(|(mut bytes, ms)| {
         for m in &ms {
             apply(&mut bytes, m);
@@ -102,12 +102,12 @@ pub fn mutated(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = V
 }
 
 /// Arbitrary bytes, or (three times as often) a mutated valid input.
-pub fn hostile(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+pub(crate) fn hostile(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![1 => vec(any::<u8>(), 0..512), 3 => mutated(valid)]
 }
 
 /// Text that is mostly valid: mutated bytes read as UTF-8 (invalid sequences replaced).
-pub fn hostile_text(valid: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+pub(crate) fn hostile_text(valid: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
     hostile(valid.prop_map(String::into_bytes))
         .prop_map(|b| String::from_utf8_lossy(&b).into_owned())
 }

@@ -29,9 +29,7 @@ impl LocalRedis {
             let port = free_port().map_err(RedisStartError::NoPort)?;
             let mut command = match supervisor {
                 Some(bin) => {
-                    let mut c = Command::new(bin);
-                    let parent = std::process::id().to_string();
-                    c.args(["supervise", crate::child::PARENT_FLAG, &parent, "--"]);
+                    let mut c = crate::child::supervised(bin);
                     c.arg("redis-server");
                     c
                 }

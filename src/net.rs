@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 const BACKLOG: u32 = 4096;
 
 /// Splits `HOST:PORT` (a name, an IPv4 address or a bracketed IPv6 address, and a port).
-pub fn split_host_port(s: &str) -> Result<(&str, u16), String> {
+pub(crate) fn split_host_port(s: &str) -> Result<(&str, u16), String> {
     match s.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() => match port.parse::<u16>() {
             Ok(port) => Ok((host, port)),
@@ -43,7 +43,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Connections one accept loop holds at once unless told otherwise (`--max-connections`), and
 /// never more than its file-descriptor limit leaves room for ([`connection_cap`]).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 65_536;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 65_536;
 
 /// Descriptors kept out of the connection budget: the runtime's own (epoll, eventfds, the
 /// timer), standard streams, a downstream Redis connection, the reserve of [`accept_until`].
@@ -59,8 +59,8 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// not answered within [`H2_KEEP_ALIVE_TIMEOUT`]: a peer that vanished (no FIN, no RST) stops
 /// holding a connection slot. A live but idle client answers PINGs and keeps its connection, as
 /// gRPC channels expect.
-pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
-pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub(crate) const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// TCP keep-alive on every accepted connection: a peer silent this long is probed every
 /// [`KEEPALIVE_INTERVAL`], and after [`KEEPALIVE_PROBES`] unanswered probes the connection
@@ -68,9 +68,9 @@ pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// holding a connection slot after about a minute and a half, whatever the protocol (tcp-binary
 /// and Thrift have no PING of their own; a proxied connection may be quiet on purpose). The
 /// probes carry no data: a live peer's kernel answers them, so nothing measured changes.
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-pub const KEEPALIVE_PROBES: u32 = 3;
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
 fn keep_alive(stream: &TcpStream) {
     let probes = socket2::TcpKeepalive::new()
@@ -87,7 +87,7 @@ fn keep_alive(stream: &TcpStream) {
 /// running out of descriptors would also fail work for connections already held (a proxy's
 /// upstream connect). A cap set above that room is honoured: past the descriptors,
 /// [`accept_until`] still refuses what it cannot hold, only less cheaply.
-pub fn connection_cap(requested: Option<usize>, fds_per_connection: usize) -> usize {
+pub(crate) fn connection_cap(requested: Option<usize>, fds_per_connection: usize) -> usize {
     use nix::sys::resource::{getrlimit, Resource};
     if let Some(n) = requested {
         return n.max(1);
@@ -104,7 +104,7 @@ pub fn connection_cap(requested: Option<usize>, fds_per_connection: usize) -> us
 /// per [`Throttle::EVERY`] carrying the count of those held back, so a flood of refusals costs
 /// a line a second rather than a line each.
 #[derive(Debug)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     last: Option<Instant>,
     held: u64,
 }
@@ -117,7 +117,7 @@ impl Default for Throttle {
 
 impl Throttle {
     /// The shortest gap between two lines.
-    pub const EVERY: Duration = Duration::from_secs(1);
+    pub(crate) const EVERY: Duration = Duration::from_secs(1);
 
     pub const fn new() -> Throttle {
         Throttle {
@@ -134,7 +134,7 @@ impl Throttle {
     }
 
     /// `Some(n)` when events are held back and a line is due for them.
-    pub fn due(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn due(&mut self, now: Instant) -> Option<u64> {
         if self.held == 0 || self.last.is_some_and(|l| now < l + Self::EVERY) {
             return None;
         }
@@ -143,7 +143,7 @@ impl Throttle {
     }
 
     /// When held-back events will be due, if any are held.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         match (self.held, self.last) {
             (0, _) => None,
             (_, last) => Some(last.map_or_else(Instant::now, |l| l + Self::EVERY)),
@@ -257,7 +257,7 @@ impl Drop for Served {
 /// reserve descriptor to accept and reset the connection it cannot hold (instead of leaving it
 /// to make `accept` fail again and again), then takes the reserve back. Refusals and failures
 /// are logged at most once a second per kind, with their count.
-pub async fn accept_until<F, Fut>(
+pub(crate) async fn accept_until<F, Fut>(
     listener: TcpListener,
     shutdown: impl Future,
     label: &str,

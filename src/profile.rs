@@ -14,15 +14,15 @@ use serde::Deserialize;
 use crate::units::{at_most, format_duration, format_rate, parse_duration, parse_rate, parse_size};
 
 /// Default maximum segment size: a 1500-byte Ethernet MTU minus IP/TCP headers and timestamps.
-pub const DEFAULT_MSS: u32 = 1448;
+pub(crate) const DEFAULT_MSS: u32 = 1448;
 /// Linux `TCP_RTO_MIN`.
-pub const DEFAULT_RTO_MIN: Duration = Duration::from_millis(200);
+pub(crate) const DEFAULT_RTO_MIN: Duration = Duration::from_millis(200);
 /// Linux `TCP_TIMEOUT_INIT`: the first SYN retransmission timeout.
-pub const DEFAULT_SYN_RTO: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_SYN_RTO: Duration = Duration::from_secs(1);
 /// The longest delay, jitter or timeout a profile (or a latency toxic) may set: an hour is past
 /// any network, and the model multiplies these (an RTO backs off 2^15 times, a Pareto jitter
 /// draw reaches some 10^5 times its mean), so their products must stay far inside `Duration`.
-pub const MAX_PROFILE_DURATION: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_PROFILE_DURATION: Duration = Duration::from_secs(3600);
 
 /// The built-in profiles, embedded so `--profile NAME` works from any directory.
 const BUILTIN: &[(&str, &str)] = &[
@@ -112,7 +112,7 @@ impl CongestionControl {
 }
 
 /// netem's default queue: 1000 full-size packets.
-pub const DEFAULT_QUEUE_LIMIT: u64 = 1000 * 1500;
+pub(crate) const DEFAULT_QUEUE_LIMIT: u64 = 1000 * 1500;
 
 /// How a jitter draw is added to the one-way delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -162,7 +162,7 @@ pub enum LossProcess {
 
 impl LossProcess {
     /// The long-run fraction of segments lost.
-    pub fn mean_loss(&self) -> f64 {
+    pub(crate) fn mean_loss(&self) -> f64 {
         match *self {
             LossProcess::None => 0.0,
             LossProcess::Bernoulli { p } => p,
@@ -199,7 +199,7 @@ pub enum SynBackoff {
 
 impl LinkParams {
     /// No impairment at all: the proxy may copy bytes straight through.
-    pub fn is_unimpaired(&self) -> bool {
+    pub(crate) fn is_unimpaired(&self) -> bool {
         self.delay.is_zero()
             && self.jitter.is_zero()
             && self.loss.mean_loss() == 0.0
@@ -209,7 +209,7 @@ impl LinkParams {
 
     /// The keys set here that only a packet engine can honour (a byte stream cannot be
     /// reordered, duplicated or corrupted without breaking TCP's promise).
-    pub fn packet_only_keys(&self) -> impl Iterator<Item = &'static str> {
+    pub(crate) fn packet_only_keys(&self) -> impl Iterator<Item = &'static str> {
         [
             ("reorder", self.reorder),
             ("duplicate", self.duplicate),
@@ -242,18 +242,18 @@ impl Default for LinkParams {
 
 impl Profile {
     /// True when neither direction is impaired: the proxy's copy fast path applies.
-    pub fn is_unimpaired(&self) -> bool {
+    pub(crate) fn is_unimpaired(&self) -> bool {
         self.upstream.is_unimpaired() && self.downstream.is_unimpaired()
     }
 
     /// Names of the built-in profiles, in the order `profiles list` shows them.
-    pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+    pub(crate) fn builtin_names() -> impl Iterator<Item = &'static str> {
         BUILTIN.iter().map(|(name, _)| *name)
     }
 
     /// Refuses a profile that needs a packet engine, naming the first such key: the model
     /// proxy works on a byte stream and cannot honour it. `origin` names where it came from.
-    pub fn check_model_engine(&self, origin: &str) -> Result<(), ProfileError> {
+    pub(crate) fn check_model_engine(&self, origin: &str) -> Result<(), ProfileError> {
         for (table, link) in [
             ("upstream", &self.upstream),
             ("downstream", &self.downstream),
@@ -315,7 +315,7 @@ impl Profile {
     }
 
     /// Reads and validates a profile file.
-    pub fn load_file(path: &Path) -> Result<Profile, ProfileError> {
+    pub(crate) fn load_file(path: &Path) -> Result<Profile, ProfileError> {
         let origin = path.display().to_string();
         let src = std::fs::read_to_string(path).map_err(|e| ProfileError {
             origin: origin.clone(),

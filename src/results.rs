@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// The columns, in order. [`Row`]'s fields are declared in this order; a test keeps them equal.
-pub const COLUMNS: [&str; 41] = [
+pub(crate) const COLUMNS: [&str; 41] = [
     "run_id",
     "started_at",
     "host",
@@ -161,7 +161,7 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
-pub fn encode_histogram(h: &Histogram<u64>) -> String {
+pub(crate) fn encode_histogram(h: &Histogram<u64>) -> String {
     let mut bytes = Vec::new();
     V2DeflateSerializer::new()
         .serialize(h, &mut bytes)
@@ -183,7 +183,7 @@ const HDR_MAX_PAYLOAD: u32 = 1 << 20;
 /// Counts a histogram within those bounds has, at most.
 pub const HDR_MAX_COUNTS: usize = 2048 * 33;
 
-pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, HdrError> {
+pub(crate) fn decode_histogram(text: &str) -> Result<Histogram<u64>, HdrError> {
     use std::io::Read;
     let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim())?;
     let word = |b: &[u8], at: usize| -> Option<u32> {
@@ -277,18 +277,48 @@ impl ResultsWriter {
     }
 }
 
+/// Why a results CSV could not be read. Each message starts with the file (or what `origin`
+/// names), the cause said after it in the same line.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {error}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        error: io::Error,
+    },
+    #[error("{origin}: {error}")]
+    Header { origin: String, error: csv::Error },
+    #[error(
+        "{origin}: not a faultrig results file (its header differs from the expected columns)"
+    )]
+    NotOurs { origin: String },
+    /// `row` counts as a text editor does: the header is row 1.
+    #[error("{origin}: row {row}: {error}")]
+    Row {
+        origin: String,
+        row: usize,
+        error: csv::Error,
+    },
+}
+
 /// Reads every row of a results CSV, checking its header is ours.
-pub fn read(path: &Path) -> Result<Vec<Row>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read(path: &Path) -> Result<Vec<Row>, ReadError> {
+    let file = std::fs::File::open(path).map_err(|error| ReadError::Open {
+        path: path.to_path_buf(),
+        error,
+    })?;
     read_from(file, &path.display().to_string())
 }
 
 /// [`read`] from any reader; `origin` names it in messages.
-pub fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, String> {
+pub(crate) fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, ReadError> {
     let mut reader = csv::Reader::from_reader(input);
     let header = reader
         .headers()
-        .map_err(|e| format!("{origin}: {e}"))?
+        .map_err(|error| ReadError::Header {
+            origin: origin.to_string(),
+            error,
+        })?
         .clone();
     // Files from before the newer columns have every other column, in the same order.
     let known = (0..=ADDED).any(|missing| {
@@ -297,14 +327,20 @@ pub fn read_from(input: impl io::Read, origin: &str) -> Result<Vec<Row>, String>
             .eq(COLUMNS[..COLUMNS.len() - missing].iter().copied())
     });
     if !known {
-        return Err(format!(
-            "{origin}: not a faultrig results file (its header differs from the expected columns)"
-        ));
+        return Err(ReadError::NotOurs {
+            origin: origin.to_string(),
+        });
     }
     reader
         .deserialize()
         .enumerate()
-        .map(|(i, row)| row.map_err(|e| format!("{origin}: row {}: {e}", i + 2)))
+        .map(|(i, row)| {
+            row.map_err(|error| ReadError::Row {
+                origin: origin.to_string(),
+                row: i + 2,
+                error,
+            })
+        })
         .collect()
 }
 

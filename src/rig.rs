@@ -42,7 +42,7 @@ impl Operation {
         self != Operation::Deduct
     }
 
-    pub fn from_name(name: &str) -> Option<Operation> {
+    pub(crate) fn from_name(name: &str) -> Option<Operation> {
         Operation::ALL.into_iter().find(|op| op.name() == name)
     }
 
@@ -56,7 +56,7 @@ impl Operation {
         }
     }
 
-    pub fn from_code(code: u16) -> Option<Operation> {
+    pub(crate) fn from_code(code: u16) -> Option<Operation> {
         Operation::ALL.into_iter().find(|op| op.code() == code)
     }
 }
@@ -82,7 +82,7 @@ pub enum Reply {
 /// A message that could not be decoded or encoded: always a `protocol` outcome.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct CodecError(pub String);
+pub(crate) struct CodecError(pub String);
 
 impl Call {
     pub fn operation(&self) -> Operation {
@@ -97,14 +97,14 @@ impl Call {
     /// Protobuf encoding of the request message (the fuzz tests' input; the flavours encode
     /// into their own frames with `encode_protobuf_into`).
     #[cfg(test)]
-    pub fn encode_protobuf(&self) -> Vec<u8> {
+    pub(crate) fn encode_protobuf(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.protobuf_len());
         self.encode_protobuf_into(&mut out);
         out
     }
 
     /// Size of the protobuf encoding.
-    pub fn protobuf_len(&self) -> usize {
+    pub(crate) fn protobuf_len(&self) -> usize {
         match self {
             Call::EchoOrder(m) => m.encoded_len(),
             Call::EchoBlob(m) => m.encoded_len(),
@@ -114,7 +114,7 @@ impl Call {
     }
 
     /// Appends the protobuf encoding to `buf` (no intermediate copy).
-    pub fn encode_protobuf_into(&self, buf: &mut impl bytes::BufMut) {
+    pub(crate) fn encode_protobuf_into(&self, buf: &mut impl bytes::BufMut) {
         match self {
             Call::EchoOrder(m) => m.encode_raw(buf),
             Call::EchoBlob(m) => m.encode_raw(buf),
@@ -123,7 +123,7 @@ impl Call {
         }
     }
 
-    pub fn decode_protobuf(op: Operation, bytes: &[u8]) -> Result<Call, CodecError> {
+    pub(crate) fn decode_protobuf(op: Operation, bytes: &[u8]) -> Result<Call, CodecError> {
         let err = |e: prost::DecodeError| CodecError(format!("bad {} request: {e}", op.name()));
         Ok(match op {
             Operation::EchoOrder => Call::EchoOrder(pb::Order::decode(bytes).map_err(err)?),
@@ -143,7 +143,7 @@ impl Call {
         encoded.expect("generated messages always serialise")
     }
 
-    pub fn decode_json(op: Operation, bytes: &[u8]) -> Result<Call, CodecError> {
+    pub(crate) fn decode_json(op: Operation, bytes: &[u8]) -> Result<Call, CodecError> {
         let err = |e: serde_json::Error| CodecError(format!("bad {} request JSON: {e}", op.name()));
         Ok(match op {
             Operation::EchoOrder => Call::EchoOrder(serde_json::from_slice(bytes).map_err(err)?),
@@ -164,7 +164,7 @@ impl Reply {
         }
     }
 
-    pub fn protobuf_len(&self) -> usize {
+    pub(crate) fn protobuf_len(&self) -> usize {
         match self {
             Reply::EchoOrder(m) => m.encoded_len(),
             Reply::EchoBlob(m) => m.encoded_len(),
@@ -174,7 +174,7 @@ impl Reply {
     }
 
     /// Appends the protobuf encoding to `buf` (no intermediate copy).
-    pub fn encode_protobuf_into(&self, buf: &mut impl bytes::BufMut) {
+    pub(crate) fn encode_protobuf_into(&self, buf: &mut impl bytes::BufMut) {
         match self {
             Reply::EchoOrder(m) => m.encode_raw(buf),
             Reply::EchoBlob(m) => m.encode_raw(buf),
@@ -183,7 +183,7 @@ impl Reply {
         }
     }
 
-    pub fn decode_protobuf(op: Operation, bytes: &[u8]) -> Result<Reply, CodecError> {
+    pub(crate) fn decode_protobuf(op: Operation, bytes: &[u8]) -> Result<Reply, CodecError> {
         let err = |e: prost::DecodeError| CodecError(format!("bad {} reply: {e}", op.name()));
         Ok(match op {
             Operation::EchoOrder => Reply::EchoOrder(pb::Order::decode(bytes).map_err(err)?),
@@ -203,7 +203,7 @@ impl Reply {
         encoded.expect("generated messages always serialise")
     }
 
-    pub fn decode_json(op: Operation, bytes: &[u8]) -> Result<Reply, CodecError> {
+    pub(crate) fn decode_json(op: Operation, bytes: &[u8]) -> Result<Reply, CodecError> {
         let err = |e: serde_json::Error| CodecError(format!("bad {} reply JSON: {e}", op.name()));
         Ok(match op {
             Operation::EchoOrder => Reply::EchoOrder(serde_json::from_slice(bytes).map_err(err)?),
@@ -219,11 +219,11 @@ pub mod base64_bytes {
     use base64::Engine;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<bytes::Bytes, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<bytes::Bytes, D::Error> {
         let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
         base64::engine::general_purpose::STANDARD
             .decode(text.as_bytes())

@@ -9,15 +9,15 @@ use std::time::Duration;
 use crate::rig::{pb, Call, Reply};
 
 /// Stock each SKU starts with unless told otherwise.
-pub const DEFAULT_STOCK: i64 = 1_000_000_000;
+pub(crate) const DEFAULT_STOCK: i64 = 1_000_000_000;
 
 /// Distinct SKUs a server keeps stock for. SKUs appear on first use, so without a cap a peer
 /// naming a new SKU per call would grow the map for ever; past it, a new SKU is refused (known
 /// ones go on). With [`MAX_SKU_BYTES`], the map stays under about 12 MiB.
-pub const MAX_SKUS: usize = 65_536;
+pub(crate) const MAX_SKUS: usize = 65_536;
 
 /// Longest SKU accepted, in bytes.
-pub const MAX_SKU_BYTES: usize = 128;
+pub(crate) const MAX_SKU_BYTES: usize = 128;
 
 /// What `Deduct` does after updating the stock, as given on the command line or in an
 /// experiment (`none`, `sleep:DUR`, `redis://HOST:PORT`).

@@ -49,7 +49,7 @@ fn observe_lateness(late: Duration) {
 }
 
 /// Waits until `deadline` with microsecond precision. Never completes early.
-pub fn sleep_until(deadline: Instant) -> PreciseSleep {
+pub(crate) fn sleep_until(deadline: Instant) -> PreciseSleep {
     PreciseSleep {
         deadline,
         registered: None,
@@ -58,7 +58,7 @@ pub fn sleep_until(deadline: Instant) -> PreciseSleep {
 
 /// Future returned by [`sleep_until`].
 #[derive(Debug)]
-pub struct PreciseSleep {
+pub(crate) struct PreciseSleep {
     deadline: Instant,
     /// When the timer thread was asked to wake us, under which key, and whom: a poll before
     /// then (another branch of the same task woke it) needs no second registration.
@@ -142,7 +142,7 @@ impl TimerThread {
             }));
             std::thread::Builder::new()
                 .name("faultrig-timer".into())
-                .spawn(move || timer.run())
+                .spawn(move || timer.wake_when_due())
                 .expect("spawn the timer thread");
             timer
         })
@@ -180,7 +180,9 @@ impl TimerThread {
         self.lock().entries.len()
     }
 
-    fn run(&self) {
+    /// The timer thread's body, for as long as the process lives: wakes each registration as
+    /// it falls due, and sleeps until the earliest one (or a new earlier one) otherwise.
+    fn wake_when_due(&self) {
         // The default 50 µs slack would let the kernel coalesce our wake-ups that late.
         if let Err(e) = nix::sys::prctl::set_timerslack(1) {
             tracing::warn!("cannot reduce timer slack ({e}); release times may be ~50 µs late");

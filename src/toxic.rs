@@ -40,7 +40,7 @@ use crate::profile::{JitterDistribution, LinkParams, LossProcess, Profile, MAX_P
 
 /// The longest a timer toxic (slow_close, timeout, reset_peer) waits, alone or added up: a
 /// day. No test means more, and deadlines a day ahead stay far from overflowing `Instant`s.
-pub const MAX_TIMER: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_TIMER: Duration = Duration::from_secs(24 * 3600);
 
 /// `total + more`, at most `max`: toxics add up, but never past what the model (or a timer)
 /// takes, however many a client stacks.
@@ -71,10 +71,46 @@ pub struct Cidr {
     prefix: u8,
 }
 
+/// Why a string is not a client address block.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("\"{0}\" is not an address or ADDR/PREFIX block")]
+    NotAnAddress(String),
+    #[error("\"{given}\": the prefix must be 0 to {bits}")]
+    Prefix { given: String, bits: u8 },
+    #[error("\"{given}\": address bits set past the /{prefix} prefix")]
+    HostBits { given: String, prefix: u8 },
+}
+
+/// Why attributes that are each within their bounds still make no usable toxic
+/// ([`ToxicKind::settle`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettleError {
+    #[error("give probability or percent, not both")]
+    BothRates,
+    #[error("syn_loss needs percent or probability")]
+    NoSynLossRate,
+    #[error("loss needs percent or probability (or Gilbert-Elliott p and r)")]
+    NoLossRate,
+    #[error("Gilbert-Elliott loss needs both p and r")]
+    HalfGilbertElliott,
+    #[error("unknown profile \"{name}\" (use {known})")]
+    UnknownProfile { name: String, known: String },
+    /// The profile file's text does not parse: its message, as the profile parser says it
+    /// (kept as text so this error stays comparable, as the loss process's tests need).
+    #[error("{0}")]
+    ProfileText(String),
+    #[error(
+        "profile needs attribute profile (a built-in profile name) or toml (a profile file's \
+         text)"
+    )]
+    NoProfile,
+}
+
 impl Cidr {
     /// Parses `127.0.0.2/32`, `10.0.0.0/8`, `::1/128`, `127.0.0.2`. Host bits set under the
     /// prefix are refused: `10.0.0.1/8` is more likely a typo than a block.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -82,20 +118,26 @@ impl Cidr {
         let net: IpAddr = addr
             .trim()
             .parse()
-            .map_err(|_| format!("\"{s}\" is not an address or ADDR/PREFIX block"))?;
+            .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let bits = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => bits,
             Some(p) => match p.trim().parse::<u8>() {
                 Ok(p) if p <= bits => p,
-                _ => return Err(format!("\"{s}\": the prefix must be 0 to {bits}")),
+                _ => {
+                    return Err(CidrError::Prefix {
+                        given: s.to_string(),
+                        bits,
+                    })
+                }
             },
         };
         let cidr = Cidr { net, prefix };
         if cidr.masked(net) != Some(net) {
-            return Err(format!(
-                "\"{s}\": address bits set past the /{prefix} prefix"
-            ));
+            return Err(CidrError::HostBits {
+                given: s.to_string(),
+                prefix,
+            });
         }
         Ok(cidr)
     }
@@ -288,7 +330,7 @@ impl ToxicKind {
     }
 
     /// The `type` name on the API (serde's, so it is written once).
-    pub fn type_name(&self) -> String {
+    pub(crate) fn type_name(&self) -> String {
         self.split().0
     }
 
@@ -320,13 +362,13 @@ impl ToxicKind {
 
     /// Settles what the attributes mean beyond their bounds (which rate a loss gives, which
     /// profile a profile toxic names), so [`resolve`] never meets an unusable toxic.
-    pub fn settle(&mut self) -> Result<(), String> {
+    pub(crate) fn settle(&mut self) -> Result<(), SettleError> {
         match self {
             ToxicKind::Loss(loss) => loss.process().map(drop),
             ToxicKind::SynLoss(rate) => rate
                 .probability()?
                 .map(drop)
-                .ok_or_else(|| "syn_loss needs percent or probability".to_string()),
+                .ok_or(SettleError::NoSynLossRate),
             ToxicKind::Profile(p) => p.settle(),
             _ => Ok(()),
         }
@@ -335,7 +377,7 @@ impl ToxicKind {
     /// Whether the toxic describes the path (delay, rate, loss, a whole profile) rather than
     /// what happens to one connection's bytes or handshake. Only these can run on the kernel
     /// engine, whose connections share one real link.
-    pub fn shapes_the_path(&self) -> bool {
+    pub(crate) fn shapes_the_path(&self) -> bool {
         matches!(
             self,
             ToxicKind::Latency { .. }
@@ -440,9 +482,9 @@ pub struct Rate {
 
 impl Rate {
     /// The rate as a probability; `None` when neither is given.
-    pub fn probability(&self) -> Result<Option<f64>, String> {
+    pub fn probability(&self) -> Result<Option<f64>, SettleError> {
         match (self.probability, self.percent) {
-            (Some(_), Some(_)) => Err("give probability or percent, not both".into()),
+            (Some(_), Some(_)) => Err(SettleError::BothRates),
             (p, q) => Ok(p.or(q.map(|q| q / 100.0))),
         }
     }
@@ -486,7 +528,7 @@ impl LossAttributes {
     }
 
     /// The loss process the attributes describe.
-    pub fn process(&self) -> Result<LossProcess, String> {
+    pub fn process(&self) -> Result<LossProcess, SettleError> {
         match (self.p, self.r) {
             (Some(p), Some(r)) => Ok(LossProcess::GilbertElliott {
                 p,
@@ -497,11 +539,9 @@ impl LossAttributes {
             }),
             (None, None) => match self.rate.probability()? {
                 Some(p) => Ok(LossProcess::Bernoulli { p }),
-                None => {
-                    Err("loss needs percent or probability (or Gilbert-Elliott p and r)".into())
-                }
+                None => Err(SettleError::NoLossRate),
             },
-            _ => Err("Gilbert-Elliott loss needs both p and r".into()),
+            _ => Err(SettleError::HalfGilbertElliott),
         }
     }
 }
@@ -534,23 +574,17 @@ impl ProfileAttributes {
         }
     }
 
-    fn settle(&mut self) -> Result<(), String> {
+    fn settle(&mut self) -> Result<(), SettleError> {
         let profile = match (&self.profile, &self.toml) {
-            (Some(name), None) => Profile::builtin(name).ok_or_else(|| {
-                format!(
-                    "unknown profile \"{name}\" (use {})",
-                    Profile::builtin_names().collect::<Vec<_>>().join(", ")
-                )
-            })?,
-            (None, Some(text)) => Profile::parse(text, "profile toxic attribute toml", "custom")
-                .map_err(|e| e.to_string())?,
-            _ => {
-                return Err(
-                    "profile needs attribute profile (a built-in profile name) or toml \
-                     (a profile file's text)"
-                        .into(),
-                )
+            (Some(name), None) => {
+                Profile::builtin(name).ok_or_else(|| SettleError::UnknownProfile {
+                    name: name.clone(),
+                    known: Profile::builtin_names().collect::<Vec<_>>().join(", "),
+                })?
             }
+            (None, Some(text)) => Profile::parse(text, "profile toxic attribute toml", "custom")
+                .map_err(|e| SettleError::ProfileText(e.to_string()))?,
+            _ => return Err(SettleError::NoProfile),
         };
         self.settled = Some(Box::new(profile));
         Ok(())
@@ -656,7 +690,7 @@ impl Draws {
 
     /// Whether `toxic` applies to this connection: its client is one the toxic names (if it
     /// names any), and it is drawn, on first sight of each revision.
-    pub fn applies(&mut self, toxic: &Toxic) -> bool {
+    pub(crate) fn applies(&mut self, toxic: &Toxic) -> bool {
         if !self.reaches(toxic) {
             return false;
         }
@@ -677,7 +711,7 @@ impl Draws {
 /// The path `toxics` make of `base` on the kernel engine. Every toxic applies: the control API
 /// accepts only path toxics at toxicity 1 for every client on such a proxy, so no draw is
 /// ever made.
-pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
+pub(crate) fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
     let mut every = Draws::new(ChaCha8Rng::seed_from_u64(0));
     resolve(base, toxics, &mut every).profile
 }
@@ -685,7 +719,7 @@ pub fn resolve_path(base: &Profile, toxics: &[Toxic]) -> Profile {
 /// What `toxics` do to a connection of a proxy whose own impairment is `base`, given its draws.
 /// Toxics apply in list order: a `profile` toxic replaces what came before it in its direction,
 /// latencies add up, the slowest bandwidth wins, loss probabilities combine as independent.
-pub fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> ConnectionFaults {
+pub(crate) fn resolve(base: &Profile, toxics: &[Toxic], draws: &mut Draws) -> ConnectionFaults {
     let mut profile = base.clone();
     let mut up = DirectionFaults::new(base.upstream.clone());
     let mut down = DirectionFaults::new(base.downstream.clone());
@@ -818,7 +852,7 @@ fn combine_loss(a: LossProcess, b: LossProcess) -> LossProcess {
 
 impl Slicer {
     /// The smallest piece [`slice`] cuts (short of a chunk's last).
-    pub fn min_piece(&self) -> usize {
+    pub(crate) fn min_piece(&self) -> usize {
         self.average_size
             .saturating_sub(self.size_variation.min(self.average_size))
             .max(1) as usize

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 /// The longest duration anyone may type: a year is past any run, and keeps `Instant + d` (and
 /// sums of a few such) far from overflowing.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses a humantime duration, with a clear message for negative and absurdly long values.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
         return Err(format!(
@@ -26,7 +26,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `d`, when it is not longer than `max`.
-pub fn at_most(d: Duration, max: Duration) -> Result<Duration, String> {
+pub(crate) fn at_most(d: Duration, max: Duration) -> Result<Duration, String> {
     if d > max {
         return Err(format!(
             "is longer than the {} allowed here",
@@ -37,7 +37,7 @@ pub fn at_most(d: Duration, max: Duration) -> Result<Duration, String> {
 }
 
 /// Parses a bit rate into bits per second (decimal prefixes, as tc does).
-pub fn parse_rate(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
     if t == "0" || t.eq_ignore_ascii_case("unlimited") {
         return Ok(0);
@@ -60,7 +60,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     Ok((num * mult).round() as u64)
 }
 
-pub fn format_rate(bps: Option<u64>) -> String {
+pub(crate) fn format_rate(bps: Option<u64>) -> String {
     match bps {
         None => "0".to_string(),
         Some(b) if b % 1_000_000_000 == 0 => format!("{}Gbit", b / 1_000_000_000),
@@ -70,7 +70,7 @@ pub fn format_rate(bps: Option<u64>) -> String {
     }
 }
 
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     if d.is_zero() {
         "0ms".to_string()
     } else {
@@ -87,7 +87,7 @@ fn number_and_unit(t: &str) -> (&str, &str) {
 }
 
 /// Parses a byte size: "4MiB", "64KiB", "1GiB", "16MB" (decimal), "1500" or "1500B".
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, unit) = number_and_unit(t);
     let num: f64 = num

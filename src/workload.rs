@@ -11,8 +11,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::rig::{pb, Call};
 
 /// Smallest and largest blob payloads.
-pub const MIN_BLOB: usize = 128;
-pub const MAX_BLOB: usize = 16 << 20;
+pub(crate) const MIN_BLOB: usize = 128;
+pub(crate) const MAX_BLOB: usize = 16 << 20;
 /// Blobs up to this size get the call index stamped in (a copy per call), so a reply matched to
 /// the wrong call is caught; bigger ones share one buffer, since copying megabytes per call
 /// would be measured as latency.

@@ -223,7 +223,7 @@ impl Client {
         Client::with_limits(addr, Limits::default())
     }
 
-    pub fn with_limits(addr: &str, limits: Limits) -> Client {
+    pub(crate) fn with_limits(addr: &str, limits: Limits) -> Client {
         Client {
             addr: addr.to_string(),
             limits,
@@ -348,7 +348,7 @@ impl Client {
     }
 
     /// `DELETE /proxies/{proxy}/toxics/{name}`.
-    pub async fn delete_toxic(&self, proxy: &str, name: &str) -> Result<(), ClientError> {
+    pub(crate) async fn delete_toxic(&self, proxy: &str, name: &str) -> Result<(), ClientError> {
         self.call(Method::DELETE, &toxic_path(proxy, name), NO_BODY)
             .await
     }

@@ -6,7 +6,7 @@ use super::registry::ProxyMetrics;
 use crate::fault::Direction;
 
 /// The exposition text for `proxies`.
-pub fn render(proxies: &[ProxyMetrics]) -> String {
+pub(crate) fn render(proxies: &[ProxyMetrics]) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
         let _ = writeln!(out, "# HELP {name} {help}");

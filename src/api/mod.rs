@@ -32,11 +32,11 @@ pub use registry::{ProxySpec, Registry, RegistryOptions};
 use wire::{ErrorJson, VersionJson};
 
 /// Largest request body accepted; larger ones get 413.
-pub const MAX_BODY: usize = 1 << 20;
+pub(crate) const MAX_BODY: usize = 1 << 20;
 
 /// Connections the API serves at once: its clients are a few programs driving proxies, so a
 /// small cap, well under the descriptors its proxies need.
-pub const MAX_CONNECTIONS: usize = 256;
+pub(crate) const MAX_CONNECTIONS: usize = 256;
 
 /// The version `GET /version` reports (faultrig's; clients treat it as opaque text).
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-faultrig");
@@ -58,60 +58,60 @@ impl ApiError {
         }
     }
 
-    pub fn proxy_not_found() -> ApiError {
+    pub(crate) fn proxy_not_found() -> ApiError {
         ApiError::new(404, "proxy not found")
     }
 
-    pub fn proxy_exists() -> ApiError {
+    pub(crate) fn proxy_exists() -> ApiError {
         ApiError::new(409, "proxy already exists")
     }
 
-    pub fn toxic_not_found() -> ApiError {
+    pub(crate) fn toxic_not_found() -> ApiError {
         ApiError::new(404, "toxic not found")
     }
 
-    pub fn toxic_exists() -> ApiError {
+    pub(crate) fn toxic_exists() -> ApiError {
         ApiError::new(409, "toxic already exists")
     }
 
-    pub fn invalid_toxic_type() -> ApiError {
+    pub(crate) fn invalid_toxic_type() -> ApiError {
         ApiError::new(400, "invalid toxic type")
     }
 
-    pub fn invalid_stream() -> ApiError {
+    pub(crate) fn invalid_stream() -> ApiError {
         ApiError::new(
             400,
             "stream was invalid, can be either upstream or downstream",
         )
     }
 
-    pub fn bad_body(detail: &str) -> ApiError {
+    pub(crate) fn bad_body(detail: &str) -> ApiError {
         ApiError::new(400, &format!("bad request body: {detail}"))
     }
 
     /// `at`: where in a `/populate` list (Toxiproxy's "missing required field: name at proxy
     /// 2").
-    pub fn missing_field(field: &str, at: Option<usize>) -> ApiError {
+    pub(crate) fn missing_field(field: &str, at: Option<usize>) -> ApiError {
         let at = at
             .map(|i| format!(" at proxy {}", i + 1))
             .unwrap_or_default();
         ApiError::new(400, &format!("missing required field: {field}{at}"))
     }
 
-    pub fn no_endpoint(path: &str) -> ApiError {
+    pub(crate) fn no_endpoint(path: &str) -> ApiError {
         ApiError::new(404, &format!("no such endpoint: {path}"))
     }
 
-    pub fn method_not_allowed(method: &Method, path: &str) -> ApiError {
+    pub(crate) fn method_not_allowed(method: &Method, path: &str) -> ApiError {
         ApiError::new(405, &format!("method not allowed: {method} {path}"))
     }
 
-    pub fn too_large(limit: usize) -> ApiError {
+    pub(crate) fn too_large(limit: usize) -> ApiError {
         ApiError::new(413, &format!("request body larger than {limit} bytes"))
     }
 
     /// The proxy host failed (a listener, the kernel engine), not the request.
-    pub fn internal(message: &str) -> ApiError {
+    pub(crate) fn internal(message: &str) -> ApiError {
         ApiError::new(500, message)
     }
 
@@ -311,7 +311,7 @@ fn json(body: &Bytes) -> Result<Value, ApiError> {
 /// and a repeated key counts once, with its last value (as Go's decoder in Toxiproxy takes
 /// it). Every request field is a [`wire::Given`], so no object is refused here: the caller
 /// checks each field, with Toxiproxy's message.
-pub fn parse_body<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     if !v.is_object() {
         return Err(ApiError::bad_body("expected a JSON object"));
     }

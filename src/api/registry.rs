@@ -28,7 +28,7 @@ use crate::toxic::{ProfileAttributes, Toxic, ToxicKind};
 
 /// Where a proxy listens when a request leaves `listen` empty: loopback, a free port (Toxiproxy
 /// would listen on every interface; we are safe by default).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:0";
 
 /// Settings every managed proxy shares.
 #[derive(Clone, Debug)]
@@ -74,14 +74,17 @@ pub struct ProxySpec {
 
 impl ProxySpec {
     /// From a create or populate body (see [`ProxySpec::from_request`]).
-    pub fn from_json(v: Value, at: Option<usize>) -> Result<ProxySpec, ApiError> {
+    pub(crate) fn from_json(v: Value, at: Option<usize>) -> Result<ProxySpec, ApiError> {
         ProxySpec::from_request(super::parse_body(v)?, at)
     }
 
     /// From a create or populate request; `at` names the entry in a populate list
     /// (Toxiproxy's "missing required field: name at proxy 2"). Fields are checked in this
     /// order, each with its own message.
-    pub fn from_request(request: ProxyRequest, at: Option<usize>) -> Result<ProxySpec, ApiError> {
+    pub(crate) fn from_request(
+        request: ProxyRequest,
+        at: Option<usize>,
+    ) -> Result<ProxySpec, ApiError> {
         let text = |key: &str, given: Option<Given<String>>| -> Result<String, ApiError> {
             match given {
                 None => Ok(String::new()),
@@ -423,7 +426,7 @@ impl Registry {
     /// unchanged keeps running with its toxics (or the entry's, when it gives `toxics`). On an
     /// error, the proxies done so far stay; bad toxics are refused before any is done, since
     /// every entry is parsed first.
-    pub async fn populate_proxies(
+    pub(crate) async fn populate_proxies(
         &self,
         specs: Vec<ProxySpec>,
     ) -> Result<PopulateJson, (ApiError, Vec<ProxyJson>)> {
@@ -574,7 +577,7 @@ impl Registry {
     }
 
     /// `GET /proxies/{name}/toxics/{toxic}`.
-    pub async fn get_toxic(&self, name: &str, toxic: &str) -> Result<ToxicJson, ApiError> {
+    pub(crate) async fn get_toxic(&self, name: &str, toxic: &str) -> Result<ToxicJson, ApiError> {
         let proxies = self.proxies.lock().await;
         let p = found(proxies.get(name))?;
         Ok(p.toxics[p.find_toxic(toxic)?].to_wire())
@@ -599,7 +602,7 @@ impl Registry {
     }
 
     /// `DELETE /proxies/{name}/toxics/{toxic}`.
-    pub async fn delete_toxic(&self, name: &str, toxic: &str) -> Result<(), ApiError> {
+    pub(crate) async fn delete_toxic(&self, name: &str, toxic: &str) -> Result<(), ApiError> {
         let mut proxies = self.proxies.lock().await;
         let p = found(proxies.get_mut(name))?;
         let i = p.find_toxic(toxic)?;
@@ -627,7 +630,7 @@ impl Registry {
     }
 
     /// Stops every proxy (the API is shutting down).
-    pub async fn stop_all(&self) {
+    pub(crate) async fn stop_all(&self) {
         let mut proxies = self.proxies.lock().await;
         for p in proxies.values_mut() {
             p.stop().await;

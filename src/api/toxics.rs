@@ -33,7 +33,7 @@ fn clients(type_name: &str, attributes: &Map<String, Value>) -> Result<Vec<Cidr>
     }
     list.iter()
         .map(|c| match c {
-            Value::String(s) => Cidr::parse(s).map_err(bad),
+            Value::String(s) => Cidr::parse(s).map_err(|e| bad(e.to_string())),
             other => Err(bad(format!("{other} is not a string"))),
         })
         .collect()
@@ -108,7 +108,8 @@ fn kind_of(type_name: &str, attributes: &Map<String, Value>) -> Result<ToxicKind
     }
     let mut kind =
         ToxicKind::join(type_name, attributes).map_err(|e| ApiError::bad_body(&e.to_string()))?;
-    kind.settle().map_err(|e| ApiError::bad_body(&e))?;
+    kind.settle()
+        .map_err(|e| ApiError::bad_body(&e.to_string()))?;
     Ok(kind)
 }
 
@@ -182,7 +183,7 @@ impl ToxicEntry {
 
     /// The toxic on the wire: every attribute of its type present (0 when never given), as
     /// Toxiproxy answers, and whatever else was given as it was given.
-    pub fn to_wire(&self) -> ToxicJson {
+    pub(crate) fn to_wire(&self) -> ToxicJson {
         let mut wire = ToxicJson::new(&self.toxic.name, self.toxic.stream, &self.toxic.kind);
         wire.toxicity = self.toxic.toxicity;
         for (k, v) in &self.attributes {
@@ -192,7 +193,7 @@ impl ToxicEntry {
     }
 }
 
-pub fn parse_stream(s: &str) -> Result<Direction, ApiError> {
+pub(crate) fn parse_stream(s: &str) -> Result<Direction, ApiError> {
     match s.to_ascii_lowercase().as_str() {
         "upstream" => Ok(Direction::Upstream),
         "downstream" => Ok(Direction::Downstream),

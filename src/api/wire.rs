@@ -101,13 +101,13 @@ impl ToxicJson {
 
 /// `POST /populate`'s answer, and with [`ErrorJson`] the proxies done before an error.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PopulateJson {
+pub(crate) struct PopulateJson {
     pub proxies: Vec<ProxyJson>,
 }
 
 /// `GET /version`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VersionJson {
+pub(crate) struct VersionJson {
     pub version: String,
 }
 
@@ -150,7 +150,7 @@ impl<T: Serialize> Given<T> {
 /// A proxy to create: `POST /proxies`, each entry of `/populate` and of `--config`. Every
 /// field may be left out; the server says which are required (`name`, `upstream`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProxyRequest {
+pub(crate) struct ProxyRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<Given<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

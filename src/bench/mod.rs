@@ -21,15 +21,15 @@ pub use mode::{Connections, Mode};
 pub use target::{RigTarget, Session, Target};
 
 /// Most concurrent workers (and pool connections) a cell may ask for.
-pub const MAX_CONCURRENCY: usize = 100_000;
+pub(crate) const MAX_CONCURRENCY: usize = 100_000;
 /// Most calls a cell may ask for: far past any run, and far from overflowing a call index.
-pub const MAX_CALLS: u64 = 1_000_000_000_000;
+pub(crate) const MAX_CALLS: u64 = 1_000_000_000_000;
 /// The open loop's slowest and fastest rates, calls/s: call `i` is due at `i / rate`, which must
 /// stay a time a clock can hold.
-pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000_000.0;
+pub(crate) const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.001..=10_000_000.0;
 /// The limit for one call, connecting included, unless told otherwise (`bench --timeout`, an
 /// experiment's `timeout`).
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// When a cell's measured phase ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,7 +112,7 @@ impl BenchOutcome {
     /// The columns of what was measured (calls, outcomes, latency, time, connections, bytes),
     /// the rest left for the caller: one place for every row made of calls, whoever made
     /// them (an external flavour's client too).
-    pub fn measured_row(&self) -> Row {
+    pub(crate) fn measured_row(&self) -> Row {
         let per_call = |bytes: u64| (self.calls > 0).then(|| bytes.div_ceil(self.calls));
         let mut row = Row {
             // Milliseconds: the report tells rows that ran at once from rows that ran one
@@ -226,7 +226,7 @@ pub async fn run(spec: &BenchSpec) -> BenchOutcome {
 /// Like [`run`], awaiting `measuring` after the warm-up, right before the measured phase, and
 /// returning its output too: the runner reads its proxy's and server's counters there, so they
 /// cover the same calls as the row.
-pub async fn run_with<T>(
+pub(crate) async fn run_with<T>(
     spec: &BenchSpec,
     measuring: impl std::future::Future<Output = T>,
 ) -> (BenchOutcome, T) {

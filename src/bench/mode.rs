@@ -70,7 +70,7 @@ pub struct Connections {
 }
 
 /// A connection lent to one call.
-pub struct Lease {
+pub(crate) struct Lease {
     pub session: Arc<dyn Session>,
     /// The slot it came from (none: per-call, closed when the lease is dropped).
     slot: Option<usize>,
@@ -102,7 +102,7 @@ impl Connections {
 
     /// The connection for worker `worker`'s next call, opening it if needed. Workers waiting on
     /// the same slot wait for one connect rather than each opening their own.
-    pub async fn lease(&self, worker: usize) -> Result<Lease, CallError> {
+    pub(crate) async fn lease(&self, worker: usize) -> Result<Lease, CallError> {
         let slot = match self.mode {
             Mode::PerCall => {
                 let session = self.load.connect(&self.target, &self.wire).await?;
@@ -132,7 +132,7 @@ impl Connections {
 
     /// Drops a kept connection that must not be reused (reset, or a timed-out HTTP/1.1
     /// exchange); the next call on its slot opens a new one.
-    pub async fn discard(&self, lease: &Lease) {
+    pub(crate) async fn discard(&self, lease: &Lease) {
         if let Some(slot) = lease.slot {
             let mut kept = self.slots[slot].lock().await;
             if kept

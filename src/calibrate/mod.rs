@@ -70,7 +70,7 @@ impl Workload {
         Workload::Bulk,
     ];
     /// `--quick`: one-segment, multi-segment, the initial-window edge, connects, and a flow.
-    pub const QUICK: [Workload; 5] = [
+    pub(crate) const QUICK: [Workload; 5] = [
         Workload::Order,
         Workload::ThreeSeg,
         Workload::K16,
@@ -138,17 +138,17 @@ pub struct Plan {
 }
 
 /// The full suite's profiles: loss alone, a rate-limited WAN, bursty loss, and a clean path.
-pub const PROFILES: [&str; 4] = ["lossy-10ms-1pct", "wan", "bursty", "clean-10ms"];
+pub(crate) const PROFILES: [&str; 4] = ["lossy-10ms-1pct", "wan", "bursty", "clean-10ms"];
 /// `--quick`'s profile.
-pub const QUICK_PROFILE: &str = "lossy-10ms-1pct";
+pub(crate) const QUICK_PROFILE: &str = "lossy-10ms-1pct";
 /// Full suite: calls and connections per latency workload, bulk time.
-pub const FULL: (u64, usize, Duration) = (1000, 4, Duration::from_secs(10));
+pub(crate) const FULL: (u64, usize, Duration) = (1000, 4, Duration::from_secs(10));
 /// `--quick`: 1500 calls on 6 connections, so that p99 rests on 15 samples, and the suite fits
 /// in about three minutes on `lossy-10ms-1pct`.
-pub const QUICK: (u64, usize, Duration) = (1500, 6, Duration::from_secs(4));
+pub(crate) const QUICK: (u64, usize, Duration) = (1500, 6, Duration::from_secs(4));
 /// Uncounted calls per connection before measuring: the connection is up and the first
 /// handshake-time effects are past, so the count compares steady calls on both engines.
-pub const WARMUP_CALLS: u64 = 3;
+pub(crate) const WARMUP_CALLS: u64 = 3;
 
 /// One engine's samples for one (profile, workload): ms per call, or Mbit/s per slice.
 #[derive(Clone, Debug)]
@@ -168,7 +168,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// Comparisons with a statistic out of tolerance.
-    pub fn out_of_tolerance(&self) -> usize {
+    pub(crate) fn out_of_tolerance(&self) -> usize {
         self.tables
             .iter()
             .flat_map(|(_, rows)| rows)
@@ -255,6 +255,7 @@ async fn run_against(
     })?;
     let html = out.join("calibrate.html");
     page(plan, &outcome)
+        .map_err(|e| e.to_string())
         .and_then(|page| std::fs::write(&html, page).map_err(|e| e.to_string()))
         .map_err(|reason| CalibrateError::Write {
             path: html.display().to_string(),
@@ -566,7 +567,7 @@ fn write_csv(path: &Path, outcome: &Outcome) -> Result<(), csv::Error> {
 }
 
 /// The page: the tables, then per (profile, workload) both engines' CDFs overlaid.
-fn page(plan: &Plan, outcome: &Outcome) -> Result<String, String> {
+fn page(plan: &Plan, outcome: &Outcome) -> Result<String, crate::report::html::PlotError> {
     use crate::report::html::{cdf_plot, escape, head};
     let mut html = head("faultrig calibrate: the model against kernel TCP");
     html += &format!(
@@ -598,7 +599,7 @@ fn page(plan: &Plan, outcome: &Outcome) -> Result<String, String> {
                 .map(|s| (s.engine.as_str().to_string(), stats::cdf(&s.values, 500)))
                 .collect();
             let x = format!("{}, {} (log scale)", c.kind.unit(), describe(c.kind));
-            html += &cdf_plot(&series, &x).map_err(|e| format!("plot: {e}"))?;
+            html += &cdf_plot(&series, &x)?;
         }
     }
     html += "</body></html>\n";

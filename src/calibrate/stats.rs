@@ -127,7 +127,7 @@ impl Ratios {
 }
 
 /// Resamples per bootstrap: enough that the 2.5 % and 97.5 % points each rest on 25 resamples.
-pub const RESAMPLES: usize = 1000;
+pub(crate) const RESAMPLES: usize = 1000;
 
 /// The ratios model / kernel of each statistic, and a percentile-bootstrap 95 % interval: both
 /// sample sets are resampled with replacement (independently: the engines ran apart), the
@@ -208,7 +208,7 @@ impl Comparison {
 
 /// The table of one profile: the engines' statistics, the ratios with their intervals below
 /// them, and the verdicts.
-pub fn render(profile: &str, rows: &[Comparison]) -> String {
+pub(crate) fn render(profile: &str, rows: &[Comparison]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -243,7 +243,7 @@ pub fn render(profile: &str, rows: &[Comparison]) -> String {
 
 /// The CDF of samples as (value, fraction at or below it), at most `points` points (every
 /// k-th sample and the last), for plotting.
-pub fn cdf(samples: &[f64], points: usize) -> Vec<(f64, f64)> {
+pub(crate) fn cdf(samples: &[f64], points: usize) -> Vec<(f64, f64)> {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();

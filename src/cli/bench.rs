@@ -108,7 +108,7 @@ fn parse_bench_flavour(s: &str) -> Result<BenchFlavour, String> {
 }
 
 /// `bench`'s arguments, checked: the load to drive, and where its row goes.
-pub struct Bench {
+pub(crate) struct Bench {
     spec: BenchSpec,
     /// Opened already: a path we cannot write is bad input, found before any traffic.
     csv: Option<(ResultsWriter, CsvLabels)>,
@@ -122,7 +122,7 @@ struct CsvLabels {
 }
 
 impl BenchArgs {
-    pub fn validate(self) -> Result<Bench, CliError> {
+    pub(crate) fn validate(self) -> Result<Bench, CliError> {
         // Opened first: a path we cannot write is found before a reflection round trip.
         let csv = match &self.csv {
             Some(path) => {

@@ -38,13 +38,13 @@ pub struct CalibrateArgs {
 }
 
 /// `calibrate`'s arguments, checked: the plan, every profile loaded.
-pub struct Calibrate {
+pub(crate) struct Calibrate {
     plan: Plan,
     out: PathBuf,
 }
 
 impl CalibrateArgs {
-    pub fn validate(self) -> Result<Calibrate, CliError> {
+    pub(crate) fn validate(self) -> Result<Calibrate, CliError> {
         let (calls, connections, bulk_time) = if self.quick { cal::QUICK } else { cal::FULL };
         let names: Vec<String> = match self.profiles {
             Some(p) => p,

@@ -43,7 +43,7 @@ pub use shell::ShellArgs;
 
 /// Where the control API listens (`proxy --api` without an address) and where `ctl` looks for
 /// it: Toxiproxy's port, on loopback only.
-pub const DEFAULT_API: &str = "127.0.0.1:8474";
+pub(crate) const DEFAULT_API: &str = "127.0.0.1:8474";
 
 /// [`crate::proxy::DEFAULT_CONNECT_TIMEOUT`] as `--connect-timeout`'s default text.
 static CONNECT_TIMEOUT_TEXT: LazyLock<String> =
@@ -205,7 +205,7 @@ pub fn run_id(kind: &str) -> String {
 }
 
 /// This machine's name, for the CSV's `host` column.
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())

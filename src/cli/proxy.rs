@@ -69,7 +69,7 @@ pub struct ProxyArgs {
 
 /// `proxy`'s arguments, checked: the profile loaded, and with `--api` every proxy of
 /// `--config` and `--upstream` parsed, before anything listens.
-pub enum ProxyCommand {
+pub(crate) enum ProxyCommand {
     /// One proxy in front of `upstream`.
     Single {
         listen: SocketAddr,
@@ -87,7 +87,7 @@ pub enum ProxyCommand {
 }
 
 impl ProxyArgs {
-    pub fn validate(self) -> Result<ProxyCommand, CliError> {
+    pub(crate) fn validate(self) -> Result<ProxyCommand, CliError> {
         let profile = load_profile(&self.profile, "--profile")?;
         check_engine(self.engine, &profile, &self.profile)?;
         let Some(api) = self.api else {

@@ -52,7 +52,7 @@ pub struct ReportArgs {
 }
 
 /// `report`'s arguments, checked: the tables read and combined, the baseline compared.
-pub struct Report {
+pub(crate) struct Report {
     table: Table,
     rows: usize,
     comparison: Option<compare::Comparison>,
@@ -64,7 +64,7 @@ pub struct Report {
 impl ReportArgs {
     /// Reads the results files (and the baseline's): a missing or foreign file, or a broken
     /// row, is bad input naming the file.
-    pub fn validate(self) -> Result<Report, CliError> {
+    pub(crate) fn validate(self) -> Result<Report, CliError> {
         let (table, rows) = read_table(&self.files, self.rounds)?;
         let comparison = if self.baseline.is_empty() {
             None
@@ -100,7 +100,7 @@ pub fn run(r: Report) -> Result<(), CliError> {
 fn read_table(files: &[PathBuf], rounds: RoundSummary) -> Result<(Table, usize), CliError> {
     let mut rows = Vec::new();
     for f in files {
-        rows.extend(crate::results::read(f).map_err(CliError::Usage)?);
+        rows.extend(crate::results::read(f).map_err(|e| CliError::Usage(e.to_string()))?);
     }
     let table = Table::build(&rows, rounds).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((table, rows.len()))
@@ -187,7 +187,7 @@ fn write_html(
     baseline: Option<&compare::Comparison>,
 ) -> Result<(), CliError> {
     let page = crate::report::html::page(title, table, rows, checks, baseline)
-        .map_err(|e| CliError::Failed(anyhow::anyhow!(e)))?;
+        .map_err(|e| CliError::Failed(e.into()))?;
     std::fs::write(path, page)
         .map_err(|e| CliError::Failed(anyhow::anyhow!("write {}: {e}", path.display())))
 }

@@ -86,7 +86,7 @@ pub struct Run {
 
 impl RunArgs {
     /// The experiment file (or the built-in one) with the flags over it, every value checked.
-    pub fn validate(self) -> Result<Run, CliError> {
+    pub(crate) fn validate(self) -> Result<Run, CliError> {
         let (file, origin) = match &self.experiment {
             Some(path) => (ExperimentFile::load(path), path.display().to_string()),
             None => (
@@ -116,11 +116,12 @@ impl RunArgs {
                 .map(|v| toml::Value::Array(v.into_iter().map(toml::Value::String).collect())),
             ..ExperimentFile::default()
         };
+        let usage = |e: crate::experiment::ExperimentError| CliError::Usage(e.to_string());
         let experiment = file
-            .map_err(CliError::Usage)?
+            .map_err(usage)?
             .merge(overrides)
             .validate(&origin)
-            .map_err(CliError::Usage)?;
+            .map_err(usage)?;
         Ok(Run {
             experiment,
             out: self.out,
@@ -167,7 +168,7 @@ pub fn run(r: Run) -> Result<(), CliError> {
             &r.host,
             interrupted,
         ))
-        .map_err(CliError::Failed)?;
+        .map_err(|e| CliError::Failed(e.into()))?;
     let rows = &outcome.rows;
     // Failed cells (an external flavour's client that exited non-zero, hung or printed
     // garbage) have no row: they are listed in a file next to the CSV and after the report.

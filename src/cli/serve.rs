@@ -51,7 +51,7 @@ enum Listener {
 }
 
 /// `serve`'s arguments, checked (clap typed every flag as it parsed it).
-pub struct Serve {
+pub(crate) struct Serve {
     flavour: &'static dyn Flavour,
     listener: Listener,
     nodelay: bool,
@@ -62,7 +62,7 @@ pub struct Serve {
 }
 
 impl ServeArgs {
-    pub fn validate(self) -> Result<Serve, CliError> {
+    pub(crate) fn validate(self) -> Result<Serve, CliError> {
         Ok(Serve {
             flavour: self.flavour,
             listener: match self.listen_stdin {

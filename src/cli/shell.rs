@@ -21,14 +21,14 @@ pub struct ShellArgs {
 }
 
 /// `shell`'s arguments, checked: the profile loaded.
-pub struct Shell {
+pub(crate) struct Shell {
     profile: Profile,
     seed: u64,
     command: Vec<OsString>,
 }
 
 impl ShellArgs {
-    pub fn validate(self) -> Result<Shell, CliError> {
+    pub(crate) fn validate(self) -> Result<Shell, CliError> {
         Ok(Shell {
             profile: load_profile(&self.profile, "--profile")?,
             seed: self.seed,

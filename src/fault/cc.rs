@@ -9,7 +9,7 @@
 use crate::profile::CongestionControl;
 
 /// Linux's `TCP_INFINITE_SSTHRESH`.
-pub const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
+pub(crate) const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
 /// CUBIC's β = 717/1024 ≈ 0.7 (`beta` in tcp_cubic.c).
 const CUBIC_BETA: u32 = 717;
 const BETA_SCALE: u32 = 1024;
@@ -21,7 +21,7 @@ const CUBE_RTT_SCALE: u64 = 41 * 10;
 const CUBE_FACTOR: u64 = (1 << (10 + 3 * BICTCP_HZ)) / (41 * 10);
 
 #[derive(Clone, Debug)]
-pub struct Window {
+pub(crate) struct Window {
     algorithm: CongestionControl,
     /// `snd_cwnd`, segments.
     pub cwnd: u32,
@@ -61,13 +61,13 @@ impl Window {
         }
     }
 
-    pub fn in_slow_start(&self) -> bool {
+    pub(crate) fn in_slow_start(&self) -> bool {
         self.cwnd < self.ssthresh
     }
 
     /// The slow-start threshold after a loss (`ssthresh` op); also remembers the window CUBIC
     /// will grow back towards.
-    pub fn loss_ssthresh(&mut self) -> u32 {
+    pub(crate) fn loss_ssthresh(&mut self) -> u32 {
         match self.algorithm {
             CongestionControl::Reno => (self.cwnd >> 1).max(2),
             // The model refuses BBR (Profile::check_model_engine); CUBIC is the fallback.
@@ -86,19 +86,19 @@ impl Window {
     }
 
     /// `tcp_current_ssthresh` outside a cwnd reduction.
-    pub fn current_ssthresh(&self) -> u32 {
+    pub(crate) fn current_ssthresh(&self) -> u32 {
         self.ssthresh.max((self.cwnd >> 1) + (self.cwnd >> 2))
     }
 
     /// Entering the Loss state (after an RTO): CUBIC forgets everything (`bictcp_reset`).
-    pub fn on_loss_state(&mut self) {
+    pub(crate) fn on_loss_state(&mut self) {
         self.cubic = Cubic::default();
         self.cwnd_cnt = 0;
     }
 
     /// `CA_EVENT_TX_START`: the first transmission after the pipe drained. CUBIC does not count
     /// the idle time towards its growth curve.
-    pub fn on_tx_start(&mut self, now: u64, last_send: u64) {
+    pub(crate) fn on_tx_start(&mut self, now: u64, last_send: u64) {
         if let Some(start) = &mut self.cubic.epoch_start {
             let idle = now.saturating_sub(last_send);
             *start = (*start + idle).min(now);
@@ -106,7 +106,7 @@ impl Window {
     }
 
     /// `cong_avoid`: `acked` segments newly delivered while the sender is cwnd-limited.
-    pub fn on_ack(&mut self, acked: u32, now: u64, min_rtt_jiffies: u64) {
+    pub(crate) fn on_ack(&mut self, acked: u32, now: u64, min_rtt_jiffies: u64) {
         let mut acked = acked;
         if self.in_slow_start() {
             let grown = (self.cwnd + acked).min(self.ssthresh);

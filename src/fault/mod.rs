@@ -235,14 +235,14 @@ impl LinkModel {
     }
 
     /// A FIN: it takes a sequence number, so it can be lost and stall like any tail.
-    pub fn send_fin(&mut self, now: Duration) -> Segment {
+    pub(crate) fn send_fin(&mut self, now: Duration) -> Segment {
         let mut out = Vec::with_capacity(1);
         self.hand_over(now, std::iter::once(0), &mut out);
         out[0]
     }
 
     /// A reset: delivered after the bytes before it, never lost (it ends the connection anyway).
-    pub fn send_reset(&mut self, now: Duration) -> Duration {
+    pub(crate) fn send_reset(&mut self, now: Duration) -> Duration {
         let backlog = self.path.wire.next_free(&self.path.params);
         let arrival = now.max(self.floor).max(backlog) + self.path.params.delay;
         self.last_release = self.last_release.max(arrival);
@@ -334,7 +334,7 @@ pub struct Setup {
 
 impl Setup {
     /// A real path's set-up: the round trip, and the links' own loss.
-    pub const HANDSHAKE: Setup = Setup {
+    pub(crate) const HANDSHAKE: Setup = Setup {
         round_trip: true,
         loss: HandshakeLoss {
             syn: None,
@@ -364,7 +364,7 @@ impl ConnectionModel {
     }
 
     /// Like [`ConnectionModel::new`], with the set-up `setup` says.
-    pub fn with_setup(
+    pub(crate) fn with_setup(
         profile: &Profile,
         setup: Setup,
         seed: u64,
@@ -456,7 +456,7 @@ pub(crate) fn jittered(params: &LinkParams, t: Duration, rng: &mut ChaCha8Rng) -
 /// packet, since a connection (or a link) arrives at a random moment of a path that was there
 /// before it: starting good would spare every new connection's first packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LossState {
+pub(crate) struct LossState {
     bad: bool,
     /// With a time step: whether the first packet has drawn the state.
     started: bool,
@@ -534,7 +534,7 @@ pub(crate) fn draw_loss(
 /// The RNG stream of one connection direction: keyed by (seed, proxy name), with the stream
 /// number chosen by (connection ordinal, direction). ChaCha streams are independent, so two
 /// connections never share draws, and the same run seed always gives the same schedule.
-pub fn stream_rng(seed: u64, proxy: &str, ordinal: u64, direction: Direction) -> ChaCha8Rng {
+pub(crate) fn stream_rng(seed: u64, proxy: &str, ordinal: u64, direction: Direction) -> ChaCha8Rng {
     StreamKey::new(seed, proxy, ordinal, direction).rng()
 }
 

@@ -27,7 +27,7 @@ use crate::profile::CongestionControl;
 
 /// Timer ticks per second: `CONFIG_HZ` of Debian's and Ubuntu's kernels (RHEL and Fedora use
 /// 1000). It sets the granularity of every TCP timer below.
-pub const HZ: u32 = 250;
+pub(crate) const HZ: u32 = 250;
 /// RFC 6928 initial window, Linux's `TCP_INIT_CWND`.
 const INITIAL_WINDOW: u32 = 10;
 /// Linux's `tcp_reordering`: SACKed segments above a hole that make it a loss at once.
@@ -76,7 +76,7 @@ impl Jiffies {
     }
 
     /// `usecs_to_jiffies`: rounds up.
-    pub fn ceil(d: Duration) -> u64 {
+    pub(crate) fn ceil(d: Duration) -> u64 {
         d.as_nanos().div_ceil(Self::TICK.as_nanos()) as u64
     }
 
@@ -87,7 +87,7 @@ impl Jiffies {
     /// When a timer armed at `now` to expire `n` jiffies later fires. The wheel never fires
     /// early: level 0 (up to 63 jiffies) fires on the tick after expiry, and each further level
     /// rounds the expiry up to 8× the previous granularity (`calc_index` in kernel/time/timer.c).
-    pub fn fire(&self, now: Duration, n: u64) -> Duration {
+    pub(crate) fn fire(&self, now: Duration, n: u64) -> Duration {
         let expires = self.at(now) + n;
         let mut shift = 0;
         let mut level_start = 63;
@@ -146,7 +146,7 @@ struct Seg {
 
 /// Where a segment handed to the sender ends up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     pub at: Duration,
     /// The first transmission was lost.
     pub lost: bool,
@@ -280,7 +280,7 @@ impl Sender {
         s
     }
 
-    pub fn set_rto_min(&mut self, rto_min: Duration) {
+    pub(crate) fn set_rto_min(&mut self, rto_min: Duration) {
         self.rto_min = rto_min;
         self.set_rto();
     }
@@ -344,7 +344,7 @@ impl Sender {
 
     /// The arrival of every segment in `seqs`, simulating ahead on a copy for those not yet
     /// through: the sender itself stays where it is, to take the next bytes at their time.
-    pub fn arrivals<N: Network + Clone>(
+    pub(crate) fn arrivals<N: Network + Clone>(
         &mut self,
         seqs: std::ops::Range<u64>,
         net: &N,

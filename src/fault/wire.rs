@@ -17,11 +17,11 @@ use crate::profile::LinkParams;
 
 /// What a TCP segment's payload takes on the wire: IPv4 (20) + TCP (20) + the timestamp option
 /// (12, on by default in Linux). The packet engine sees whole packets; the model adds this.
-pub const SEGMENT_OVERHEAD: usize = 52;
+pub(crate) const SEGMENT_OVERHEAD: usize = 52;
 
 /// A packet that got through the bottleneck.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Serialised {
+pub(crate) struct Serialised {
     /// Time spent waiting behind other packets.
     pub queued: Duration,
     /// When its last bit left the bottleneck.
@@ -29,7 +29,7 @@ pub struct Serialised {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Wire {
+pub(crate) struct Wire {
     /// When the bottleneck can start serialising the next packet.
     next_free: Duration,
     /// The latest arrival of a packet that kept its place in line.
@@ -40,7 +40,7 @@ impl Wire {
     /// A packet of `len` bytes (headers included) reaching the bottleneck at `now`; `None` when
     /// the queue is full. `enforce_limit: false` serialises it whatever the backlog (the model's
     /// last retransmission, which Linux would not send again, always gets through).
-    pub fn serialise(
+    pub(crate) fn serialise(
         &mut self,
         params: &LinkParams,
         now: Duration,
@@ -76,7 +76,7 @@ impl Wire {
 
     /// When the bottleneck is next free (a reset queues behind the bytes before it): zero
     /// without a rate, so a backlog left by a rate since removed holds nothing up.
-    pub fn next_free(&self, params: &LinkParams) -> Duration {
+    pub(crate) fn next_free(&self, params: &LinkParams) -> Duration {
         match params.rate_bps {
             Some(_) => self.next_free,
             None => Duration::ZERO,

@@ -20,10 +20,10 @@ use super::MAX_MESSAGE;
 /// Bytes one connection may hold in calls being answered: three largest messages with room for
 /// framing, so a single largest call of any flavour always fits (a framed call holds its request
 /// and its echo; a JSON call its body, the call decoded from it, and the reply).
-pub const CONNECTION_BYTES: usize = 3 * (MAX_MESSAGE + (64 << 10));
+pub(crate) const CONNECTION_BYTES: usize = 3 * (MAX_MESSAGE + (64 << 10));
 
 /// Bytes every connection of the process may hold in all: eight largest calls at once.
-pub const PROCESS_BYTES: usize = 8 * CONNECTION_BYTES;
+pub(crate) const PROCESS_BYTES: usize = 8 * CONNECTION_BYTES;
 
 /// Charged for a reply on top of the request's size. An echo's reply is the size of its
 /// request; every other reply (a deduct's, an error message) is shorter than this.
@@ -33,13 +33,13 @@ static PROCESS: LazyLock<Arc<Semaphore>> =
     LazyLock::new(|| Arc::new(Semaphore::new(PROCESS_BYTES)));
 
 /// What one call is charged: its request, and a reply as large again.
-pub fn call_cost(request_bytes: usize) -> usize {
+pub(crate) fn call_cost(request_bytes: usize) -> usize {
     2 * request_bytes + REPLY_SLACK
 }
 
 /// Why a call was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("the call needs {0} bytes, more than a connection's whole budget")]
     TooLarge(usize),
     #[error("server busy: the connection's memory budget for calls in flight is spent")]
@@ -50,7 +50,7 @@ pub enum Refused {
 
 /// One connection's budget, drawing on the process's.
 #[derive(Clone, Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     connection: Arc<Semaphore>,
     connection_bytes: usize,
     process: Arc<Semaphore>,
@@ -58,7 +58,7 @@ pub struct Budget {
 
 /// Bytes held by a call until this is dropped.
 #[derive(Debug)]
-pub struct Charge {
+pub(crate) struct Charge {
     _connection: OwnedSemaphorePermit,
     _process: OwnedSemaphorePermit,
 }
@@ -94,7 +94,7 @@ impl Budget {
     }
 
     /// Takes `bytes` now, or refuses: for servers whose calls cannot wait (HTTP/2 streams).
-    pub fn try_charge(&self, bytes: usize) -> Result<Charge, Refused> {
+    pub(crate) fn try_charge(&self, bytes: usize) -> Result<Charge, Refused> {
         let n = self.permits(bytes)?;
         let connection = self
             .connection
@@ -135,7 +135,7 @@ impl Budget {
 /// largest frame cost that much memory before a byte of it arrived. Here the buffer grows only
 /// with the bytes that do arrive; a length over `max` is still an error at once.
 #[derive(Debug)]
-pub struct Frames {
+pub(crate) struct Frames {
     inner: LengthDelimitedCodec,
     max: usize,
 }

@@ -7,15 +7,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::budget::Budget;
-use super::http_json::{self, CallerDriven};
+use super::http_json::{self, CallerDriven, ReplyBody};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
-use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 pub struct Http1Json;
@@ -48,13 +46,7 @@ impl Flavour for Http1Json {
         target: &'a str,
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
-        Box::pin(async move {
-            let requests = http_json::Requests::new(target, false)?;
-            Ok(Arc::new(Http1Client {
-                connection: Http1Connection::open(target, wire).await?,
-                requests,
-            }) as Arc<dyn Client>)
-        })
+        Box::pin(http_json::JsonClient::connect(target, wire, false))
     }
 }
 
@@ -89,7 +81,7 @@ impl Http1Connection {
     pub(crate) async fn exchange<T, F>(
         &self,
         request: Request<Full<Bytes>>,
-        read: impl FnOnce(Response<Incoming>) -> F,
+        read: impl FnOnce(Response<ReplyBody>) -> F,
     ) -> Result<T, CallError>
     where
         F: std::future::Future<Output = Result<T, CallError>>,
@@ -102,44 +94,12 @@ impl Http1Connection {
                     .send_request(request)
                     .await
                     .map_err(|e| CallError::classify(&e))?;
-                read(response).await
+                read(response.map(ReplyBody::Http1)).await
             })
             .await
     }
 
     pub(crate) fn is_open(&self) -> bool {
         self.connection.is_open()
-    }
-}
-
-struct Http1Client {
-    connection: Http1Connection,
-    requests: http_json::Requests,
-}
-
-impl Client for Http1Client {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        let (request, _) = self.requests.request(call);
-        Box::pin(self.connection.exchange(request, |response| {
-            http_json::reply(call.operation(), response)
-        }))
-    }
-
-    fn call_checked<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<(), CallError>> {
-        let (request, sent) = self.requests.request(call);
-        Box::pin(
-            self.connection
-                .exchange(request, move |response| async move {
-                    http_json::checked_reply(call, &sent, response).await
-                }),
-        )
-    }
-
-    fn is_open(&self) -> bool {
-        self.connection.is_open()
-    }
-
-    fn multiplexed(&self) -> bool {
-        false
     }
 }

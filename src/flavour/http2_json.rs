@@ -11,30 +11,29 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::budget::Budget;
-use super::http_json::{self, CallerDriven};
+use super::http_json::{self, CallerDriven, ReplyBody};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
-use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 /// HTTP/2 flow-control windows. The 64 KiB defaults would make a 1 MiB blob wait for several
 /// WINDOW_UPDATE round trips, which on a 10 ms link measures flow control, not the RPC.
-pub const STREAM_WINDOW: u32 = 4 << 20;
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
+pub(crate) const STREAM_WINDOW: u32 = 4 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Streams one HTTP/2 connection may have open: ten times the largest concurrency the
 /// experiments use. A client past it waits for a stream to close (h2 flow control).
-pub const MAX_STREAMS: u32 = 1024;
+pub(crate) const MAX_STREAMS: u32 = 1024;
 
 /// Largest header block a stream may send (hyper's default, stated): with [`MAX_STREAMS`],
 /// 16 MiB of headers per connection at most.
-pub const MAX_HEADER_LIST: u32 = 16 << 10;
+pub(crate) const MAX_HEADER_LIST: u32 = 16 << 10;
 
 /// The HTTP/2 server settings both h2 flavours (grpc, http2-json) serve with: big windows, and
 /// room for every call a load generator keeps in flight. Request bytes not yet read by a
 /// handler are bounded by the connection window; what handlers hold is charged to the
 /// connection's byte budget (`http2-json`, see [`super::budget`]). Dead peers are found by PING
 /// ([`crate::net::H2_KEEP_ALIVE_INTERVAL`]).
-pub fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
+pub(crate) fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .initial_stream_window_size(STREAM_WINDOW)
@@ -75,13 +74,7 @@ impl Flavour for Http2Json {
         target: &'a str,
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Client>, CallError>> {
-        Box::pin(async move {
-            let requests = http_json::Requests::new(target, true)?;
-            Ok(Arc::new(Http2Client {
-                connection: Http2Connection::open(target, wire).await?,
-                requests,
-            }) as Arc<dyn Client>)
-        })
+        Box::pin(http_json::JsonClient::connect(target, wire, true))
     }
 }
 
@@ -125,7 +118,7 @@ impl Http2Connection {
     pub(crate) async fn exchange<T, F>(
         &self,
         request: Request<Full<Bytes>>,
-        read: impl FnOnce(Response<ResponseBody>) -> F,
+        read: impl FnOnce(Response<ReplyBody>) -> F,
     ) -> Result<T, CallError>
     where
         F: std::future::Future<Output = Result<T, CallError>>,
@@ -161,82 +154,12 @@ impl Http2Connection {
                         .map_err(|e| CallError::classify(&e))?;
                 }
                 let response = response.await.map_err(|e| CallError::classify(&e))?;
-                read(response.map(ResponseBody)).await
+                read(response.map(ReplyBody::Http2)).await
             })
             .await
     }
 
     pub(crate) fn is_open(&self) -> bool {
         self.connection.is_open()
-    }
-}
-
-/// A response body read from an h2 stream, as an [`http_body::Body`]: each chunk's bytes are
-/// given back to flow control as they are taken, so the peer may send more.
-pub(crate) struct ResponseBody(h2::RecvStream);
-
-impl hyper::body::Body for ResponseBody {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, h2::Error>>> {
-        use std::task::Poll;
-        let stream = &mut self.0;
-        match stream.poll_data(cx) {
-            Poll::Ready(Some(Ok(data))) => {
-                let _ = stream.flow_control().release_capacity(data.len());
-                return Poll::Ready(Some(Ok(hyper::body::Frame::data(data))));
-            }
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => {}
-            Poll::Pending => return Poll::Pending,
-        }
-        match stream.poll_trailers(cx) {
-            Poll::Ready(Ok(Some(trailers))) => {
-                Poll::Ready(Some(Ok(hyper::body::Frame::trailers(trailers))))
-            }
-            Poll::Ready(Ok(None)) => Poll::Ready(None),
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
-    }
-}
-
-struct Http2Client {
-    connection: Http2Connection,
-    requests: http_json::Requests,
-}
-
-impl Client for Http2Client {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
-        let (request, _) = self.requests.request(call);
-        Box::pin(self.connection.exchange(request, |response| {
-            http_json::reply(call.operation(), response)
-        }))
-    }
-
-    fn call_checked<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<(), CallError>> {
-        let (request, sent) = self.requests.request(call);
-        Box::pin(
-            self.connection
-                .exchange(request, move |response| async move {
-                    http_json::checked_reply(call, &sent, response).await
-                }),
-        )
-    }
-
-    fn is_open(&self) -> bool {
-        self.connection.is_open()
-    }
-
-    fn multiplexed(&self) -> bool {
-        true
     }
 }

@@ -15,7 +15,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::budget::{self, Budget, Charge};
-use super::{check, CallError, Failure, MAX_MESSAGE};
+use super::http1_json::Http1Connection;
+use super::http2_json::Http2Connection;
+use super::{check, BoxFuture, CallError, Client, Failure, WireCounters, MAX_MESSAGE};
 use crate::rig::{Call, Operation, Reply};
 use crate::service::RigService;
 
@@ -30,7 +32,7 @@ const COST_PER_BODY_BYTE: usize = 3;
 const CHARGE_BATCH: usize = 64 << 10;
 
 /// A response body holding its call's budget charge until hyper has taken the last bytes.
-pub struct ChargedBody {
+pub(crate) struct ChargedBody {
     body: Full<Bytes>,
     _charge: Vec<Charge>,
 }
@@ -265,6 +267,52 @@ where
     check(call, &Reply::decode_json(op, &body)?)
 }
 
+/// A reply's body as either HTTP version's client reads it. An h2 stream's bytes are given
+/// back to flow control as they are taken, so the peer may send more.
+pub(crate) enum ReplyBody {
+    Http1(Incoming),
+    Http2(h2::RecvStream),
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let stream = match self.get_mut() {
+            ReplyBody::Http1(body) => {
+                return Pin::new(body).poll_frame(cx).map_err(|e| e.into());
+            }
+            ReplyBody::Http2(stream) => stream,
+        };
+        match stream.poll_data(cx) {
+            Poll::Ready(Some(Ok(data))) => {
+                // Only fails once the stream is gone, which the next poll reports.
+                let _ = stream.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => {}
+            Poll::Pending => return Poll::Pending,
+        }
+        stream.poll_trailers(cx).map(|t| {
+            t.map_err(Into::into)
+                .transpose()
+                .map(|t| t.map(Frame::trailers))
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReplyBody::Http1(body) => body.is_end_stream(),
+            ReplyBody::Http2(stream) => stream.is_end_stream(),
+        }
+    }
+}
+
 /// A hyper client connection driven by the calls waiting on it rather than by a task of its
 /// own.
 ///
@@ -274,7 +322,7 @@ where
 /// callers poll the connection themselves while they wait; readiness wakes every waiting caller
 /// (whichever runs first drives the I/O for all of them). Between calls nobody polls it, which
 /// only delays noticing a server's close until the next call.
-pub struct CallerDriven<C> {
+pub(crate) struct CallerDriven<C> {
     /// The connection future; `None` once it has finished.
     connection: Mutex<Option<Pin<Box<C>>>>,
     /// Callers waiting on this connection, woken whenever the connection can make progress.
@@ -314,7 +362,7 @@ impl<C: Future + Send> CallerDriven<C> {
     }
 
     /// Runs `exchange` to completion, driving the connection while it waits.
-    pub async fn drive<T>(
+    pub(crate) async fn drive<T>(
         &self,
         exchange: impl Future<Output = Result<T, CallError>>,
     ) -> Result<T, CallError> {
@@ -352,5 +400,102 @@ impl<C: Future + Send> CallerDriven<C> {
             }
         })
         .await
+    }
+}
+
+/// One HTTP client connection of either version: what the JSON flavours' client and the
+/// generic HTTP target call through, so neither needs to know which version it speaks.
+pub(crate) enum HttpConnection {
+    Http1(Http1Connection),
+    Http2(Http2Connection),
+}
+
+impl HttpConnection {
+    /// Opens an h2c (prior knowledge) connection with `http2`, an HTTP/1.1 one otherwise.
+    pub(crate) async fn open(
+        target: &str,
+        wire: &Arc<WireCounters>,
+        http2: bool,
+    ) -> Result<HttpConnection, CallError> {
+        Ok(if http2 {
+            HttpConnection::Http2(Http2Connection::open(target, wire).await?)
+        } else {
+            HttpConnection::Http1(Http1Connection::open(target, wire).await?)
+        })
+    }
+
+    /// Sends `request` and hands its response to `read` (see each version's `exchange`).
+    pub(crate) async fn exchange<T, F>(
+        &self,
+        request: Request<Full<Bytes>>,
+        read: impl FnOnce(Response<ReplyBody>) -> F,
+    ) -> Result<T, CallError>
+    where
+        F: Future<Output = Result<T, CallError>>,
+    {
+        match self {
+            HttpConnection::Http1(c) => c.exchange(request, read).await,
+            HttpConnection::Http2(c) => c.exchange(request, read).await,
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        match self {
+            HttpConnection::Http1(c) => c.is_open(),
+            HttpConnection::Http2(c) => c.is_open(),
+        }
+    }
+
+    /// HTTP/2 carries calls at once, as streams; HTTP/1.1 one at a time.
+    pub(crate) fn multiplexed(&self) -> bool {
+        matches!(self, HttpConnection::Http2(_))
+    }
+}
+
+/// The client of both JSON flavours: the rig's calls over one [`HttpConnection`].
+pub(super) struct JsonClient {
+    connection: HttpConnection,
+    requests: Requests,
+}
+
+impl JsonClient {
+    pub(super) async fn connect(
+        target: &str,
+        wire: &Arc<WireCounters>,
+        http2: bool,
+    ) -> Result<Arc<dyn Client>, CallError> {
+        let requests = Requests::new(target, http2)?;
+        Ok(Arc::new(JsonClient {
+            connection: HttpConnection::open(target, wire, http2).await?,
+            requests,
+        }) as Arc<dyn Client>)
+    }
+}
+
+impl Client for JsonClient {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, CallError>> {
+        let (request, _) = self.requests.request(call);
+        Box::pin(
+            self.connection
+                .exchange(request, |response| reply(call.operation(), response)),
+        )
+    }
+
+    fn call_checked<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<(), CallError>> {
+        let (request, sent) = self.requests.request(call);
+        Box::pin(
+            self.connection
+                .exchange(request, move |response| async move {
+                    checked_reply(call, &sent, response).await
+                }),
+        )
+    }
+
+    fn is_open(&self) -> bool {
+        self.connection.is_open()
+    }
+
+    fn multiplexed(&self) -> bool {
+        self.connection.multiplexed()
     }
 }

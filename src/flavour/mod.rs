@@ -10,7 +10,7 @@ pub mod budget;
 pub mod grpc;
 pub mod http1_json;
 pub mod http2_json;
-mod http_json;
+pub(crate) mod http_json;
 pub mod tcp_binary;
 pub mod thrift;
 
@@ -32,10 +32,10 @@ use crate::rig::{Call, Reply};
 use crate::service::RigService;
 
 /// A boxed future: flavours are trait objects chosen at run time.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Largest message any flavour accepts: a 16 MiB blob as base64 JSON, with room to spare.
-pub const MAX_MESSAGE: usize = 64 << 20;
+pub(crate) const MAX_MESSAGE: usize = 64 << 20;
 
 /// Every flavour, in the order tables list them.
 pub static ALL: &[&dyn Flavour] = &[
@@ -47,7 +47,7 @@ pub static ALL: &[&dyn Flavour] = &[
 ];
 
 /// A flavour by name.
-pub fn by_name(name: &str) -> Option<&'static dyn Flavour> {
+pub(crate) fn by_name(name: &str) -> Option<&'static dyn Flavour> {
     ALL.iter().copied().find(|f| f.name() == name)
 }
 
@@ -148,7 +148,7 @@ pub fn spawn(
 /// [`serve`], with `TCP_NODELAY` on every accepted connection or (`nodelay` false) Nagle's
 /// algorithm left on, as a server that never sets the option would have it, and at most
 /// `max_connections` at once (default: [`crate::net::connection_cap`]'s).
-pub async fn serve_with(
+pub(crate) async fn serve_with(
     flavour: &'static dyn Flavour,
     listener: TcpListener,
     service: Arc<RigService>,
@@ -287,7 +287,7 @@ impl CallError {
     /// type says what happened (an I/O error's kind, hyper's and h2's predicates,
     /// a timer's expiry, a call error already made) decides. Never by message text: a message
     /// is for people, and reworded between versions. Nothing known in the chain: `other`.
-    pub fn classify(e: &(dyn std::error::Error + 'static)) -> CallError {
+    pub(crate) fn classify(e: &(dyn std::error::Error + 'static)) -> CallError {
         if let Some(call) = e.downcast_ref::<CallError>() {
             return call.clone();
         }
@@ -411,7 +411,7 @@ pub struct WireCounters {
 }
 
 impl WireCounters {
-    pub fn with_socket(socket: SocketOptions) -> WireCounters {
+    pub(crate) fn with_socket(socket: SocketOptions) -> WireCounters {
         WireCounters {
             socket,
             ..WireCounters::default()
@@ -453,7 +453,7 @@ impl WritePattern {
 /// How the message boundaries of a flavour's byte stream can be found, for
 /// [`WritePattern::Split`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// 4-byte big-endian length, then that many bytes (tcp-binary, Thrift's framed transport).
     LengthPrefixed,
     /// The protocol library hands headers and body over as separate buffers (hyper, h2).
@@ -497,7 +497,7 @@ impl std::fmt::Debug for SocketOptions {
 
 /// Opens a TCP connection as the cell's [`SocketOptions`] say (by default `TCP_NODELAY`: RPCs
 /// are latency-bound), counted in `wire`. Failure is always a `connect` outcome.
-pub async fn connect_tcp(
+pub(crate) async fn connect_tcp(
     target: &str,
     wire: &Arc<WireCounters>,
     framing: Framing,
@@ -517,7 +517,7 @@ pub async fn connect_tcp(
         let cc = options.congestion;
         let make = move || new_socket(addr, cc);
         let socket = match &options.namespace {
-            Some(ns) => ns.run_async(make).await,
+            Some(ns) => ns.within_async(make).await,
             None => make(),
         }
         .map_err(fail)?;
@@ -590,7 +590,7 @@ impl Splitter {
 
 /// A stream that adds what passes through it to [`WireCounters`].
 #[derive(Debug)]
-pub struct CountingStream<S> {
+pub(crate) struct CountingStream<S> {
     inner: S,
     wire: Arc<WireCounters>,
     /// Set for [`WritePattern::Split`].
@@ -683,7 +683,7 @@ pub(crate) mod test_support {
     }
 
     /// A deduct on a new connection succeeds: the server is still serving.
-    pub async fn deduct_works(flavour: &'static dyn Flavour, addr: std::net::SocketAddr) {
+    pub(crate) async fn deduct_works(flavour: &'static dyn Flavour, addr: std::net::SocketAddr) {
         let wire = Arc::new(WireCounters::default());
         let client = flavour.connect(&addr.to_string(), &wire).await.unwrap();
         let call = Call::Deduct(pb::DeductRequest {

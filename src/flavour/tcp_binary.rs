@@ -26,7 +26,7 @@ use crate::service::RigService;
 /// Request id and method before the body.
 const HEADER: usize = 8 + 2;
 /// Set in a reply's method when the body is an error message.
-pub const ERROR_FLAG: u16 = 0x8000;
+pub(crate) const ERROR_FLAG: u16 = 0x8000;
 /// Calls one server connection handles at once; past it, reading pauses (back-pressure).
 const SERVER_IN_FLIGHT: usize = 4096;
 /// Frames queued for a connection's writer before senders wait.

@@ -28,7 +28,7 @@ use crate::profile::Profile;
 use crate::timer::sleep_until;
 
 /// Ethernet's MTU: the kernel's TCP then uses the 1448-byte segments the model assumes.
-pub const MTU: u16 = 1500;
+pub(crate) const MTU: u16 = 1500;
 /// Largest packet read from a device (a TUN device without offloads hands over one IP packet,
 /// at most the MTU; the margin costs nothing).
 const READ_BUF: usize = 65_536;
@@ -225,7 +225,7 @@ async fn create_device(end: End<'_>, addr: Ipv4Addr, peer: Ipv4Addr) -> io::Resu
     };
     match end {
         End::Host => build(),
-        End::Namespace(ns) => ns.run_async(build).await,
+        End::Namespace(ns) => ns.within_async(build).await,
     }
 }
 

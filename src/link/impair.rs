@@ -25,7 +25,7 @@ use crate::profile::LinkParams;
 
 /// Why the engine dropped a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropCause {
+pub(crate) enum DropCause {
     /// The loss process.
     Loss,
     /// The bottleneck queue was full.
@@ -34,14 +34,14 @@ pub enum DropCause {
 
 /// One packet's fate.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Fate {
+pub(crate) enum Fate {
     Dropped(DropCause),
     Delivered(Delivery),
 }
 
 /// A packet that reaches the other end.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// When it is handed to the other end (time since the link started).
     pub at: Duration,
     /// Time spent waiting for the bottleneck before serialising.
@@ -56,14 +56,14 @@ pub struct Delivery {
 
 /// The random streams of one direction: one per concern, so adding a fault to a profile never
 /// moves another fault's draws.
-pub struct Streams {
+pub(crate) struct Streams {
     pub loss: ChaCha8Rng,
     pub jitter: ChaCha8Rng,
     pub faults: ChaCha8Rng,
 }
 
 /// One direction of a link.
-pub struct PacketImpairment {
+pub(crate) struct PacketImpairment {
     params: LinkParams,
     streams: Streams,
     /// Gilbert–Elliott state.
@@ -127,7 +127,7 @@ impl PacketImpairment {
 /// The bit a corruption flips in an IP packet: one of the bits after the IP header, so the
 /// transport's checksum is what notices (a flipped header bit would make the packet unwritable
 /// rather than corrupt). `None` for a packet with nothing after its header.
-pub fn corrupt_bit(packet: &[u8], draw: u64) -> Option<usize> {
+pub(crate) fn corrupt_bit(packet: &[u8], draw: u64) -> Option<usize> {
     let header = match packet.first()? >> 4 {
         4 => usize::from(packet[0] & 0x0f) * 4,
         6 => 40,
@@ -168,7 +168,8 @@ mod tests {
         3.29 * (p * (1.0 - p) / n as f64).sqrt()
     }
 
-    fn run(params: &LinkParams, seed: u64, n: usize, gap: Duration) -> Vec<Fate> {
+    /// What becomes of `n` full-size packets sent `gap` apart.
+    fn send_packets(params: &LinkParams, seed: u64, n: usize, gap: Duration) -> Vec<Fate> {
         let mut imp = PacketImpairment::new(params, streams(seed));
         (0..n).map(|i| imp.packet(gap * i as u32, 1500)).collect()
     }
@@ -184,7 +185,7 @@ mod tests {
     fn delay_and_loss_rate_match_the_profile_over_many_packets() {
         let params = link("[link]\ndelay = \"10ms\"\nloss = 0.01\n");
         let n = 100_000;
-        let fates = run(&params, 3, n, MS / 10);
+        let fates = send_packets(&params, 3, n, MS / 10);
         let lost = fates
             .iter()
             .filter(|f| **f == Fate::Dropped(DropCause::Loss))
@@ -203,7 +204,7 @@ mod tests {
         // A queue that never fills: only the timing differs between the two runs.
         let params = link("[link]\nloss = 0.05\nrate = \"10Mbit\"\nqueue_limit = \"20MB\"\n");
         let drops = |seed, gap| -> Vec<usize> {
-            run(&params, seed, 10_000, gap)
+            send_packets(&params, seed, 10_000, gap)
                 .iter()
                 .enumerate()
                 .filter(|(_, f)| **f == Fate::Dropped(DropCause::Loss))
@@ -218,7 +219,7 @@ mod tests {
     fn gilbert_elliott_loses_in_bursts_at_its_stationary_rate() {
         let params = link("[link.burst]\np = 0.01\nr = 0.3\n");
         let n = 200_000;
-        let fates = run(&params, 5, n, MS);
+        let fates = send_packets(&params, 5, n, MS);
         let lost: Vec<bool> = fates
             .iter()
             .map(|f| matches!(f, Fate::Dropped(_)))
@@ -266,13 +267,13 @@ mod tests {
     #[test]
     fn jitter_never_reorders_but_reorder_does() {
         let params = link("[link]\ndelay = \"10ms\"\njitter = \"5ms\"\n");
-        let fates = run(&params, 2, 10_000, MS / 10);
+        let fates = send_packets(&params, 2, 10_000, MS / 10);
         let times: Vec<Duration> = delivered(&fates).map(|d| d.at).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]));
 
         let params = link("[link]\ndelay = \"10ms\"\nreorder = 0.25\n");
         let n = 40_000;
-        let fates = run(&params, 2, n, MS / 10);
+        let fates = send_packets(&params, 2, n, MS / 10);
         let reordered = delivered(&fates).filter(|d| d.reordered).count();
         let rate = reordered as f64 / n as f64;
         assert!((rate - 0.25).abs() < binomial(0.25, n), "reorder {rate}");
@@ -291,7 +292,7 @@ mod tests {
     fn duplicate_and_corrupt_at_their_rates() {
         let params = link("[link]\nduplicate = 0.1\ncorrupt = 0.02\n");
         let n = 50_000;
-        let fates = run(&params, 4, n, MS);
+        let fates = send_packets(&params, 4, n, MS);
         let dup = delivered(&fates).filter(|d| d.duplicate).count() as f64 / n as f64;
         let bad = delivered(&fates).filter(|d| d.corrupt.is_some()).count() as f64 / n as f64;
         assert!((dup - 0.1).abs() < binomial(0.1, n), "duplicate {dup}");

@@ -62,14 +62,14 @@ impl Engine {
     }
 
     /// Whether this engine needs CAP_NET_ADMIN.
-    pub fn is_privileged(self) -> bool {
+    pub(crate) fn is_privileged(self) -> bool {
         self != Engine::Model
     }
 }
 
 /// The addresses of a namespace pair: both namespaces are private, so every pair can use the
 /// same ones (from 198.18.0.0/15, the range set aside for benchmarking, RFC 2544).
-pub const PAIR_ADDRS: Addrs = Addrs {
+pub(crate) const PAIR_ADDRS: Addrs = Addrs {
     a: Ipv4Addr::new(198, 18, 0, 1),
     b: Ipv4Addr::new(198, 18, 0, 2),
 };
@@ -78,7 +78,7 @@ pub const PAIR_ADDRS: Addrs = Addrs {
 /// server side), joined by an impaired link. Each namespace's TCP uses the congestion control
 /// its direction's profile names. The namespaces are shared so that sockets can be made in
 /// them from wherever a connection is opened (`--engine link` clients).
-pub struct NamespacePair {
+pub(crate) struct NamespacePair {
     pub link: Link,
     pub a: Arc<Namespace>,
     pub b: Arc<Namespace>,

@@ -75,14 +75,14 @@ impl Namespace {
             jobs: Some(jobs),
             thread: Some(thread),
         };
-        ns.run(|| run_ip(&["link", "set", "lo", "up"]))
+        ns.within(|| run_ip(&["link", "set", "lo", "up"]))
             .map_err(NamespaceError::Setup)?;
         Ok(ns)
     }
 
     /// Runs `f` on the namespace's thread (so sockets and devices it creates belong to the
-    /// namespace) and waits for its result. Blocks: from async code use [`Namespace::run_async`].
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+    /// namespace) and waits for its result. Blocks: from async code use [`Namespace::within_async`].
+    pub fn within<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let (tx, rx) = mpsc::sync_channel(1);
         self.submit(Box::new(move || {
             let _ = tx.send(f());
@@ -91,8 +91,11 @@ impl Namespace {
             .expect("the namespace thread runs every job it is given")
     }
 
-    /// [`Namespace::run`] without blocking the async runtime.
-    pub async fn run_async<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+    /// [`Namespace::within`] without blocking the async runtime.
+    pub(crate) async fn within_async<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.submit(Box::new(move || {
             let _ = tx.send(f());
@@ -111,10 +114,10 @@ impl Namespace {
 
     /// Sets a sysctl of this namespace (`/proc/sys/net/...` shows the namespace of the thread
     /// that opens it), e.g. `("net/ipv4/tcp_congestion_control", "cubic")`.
-    pub fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
+    pub(crate) fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
         let path = format!("/proc/sys/{key}");
         let value = value.to_string();
-        self.run(move || {
+        self.within(move || {
             std::fs::write(&path, value)
                 .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
         })
@@ -124,15 +127,15 @@ impl Namespace {
     /// namespace other than the host's pick only algorithms listed in the (global)
     /// `net.ipv4.tcp_allowed_congestion_control`, so this can fail where a socket's own
     /// `TCP_CONGESTION` (which root may set to anything the kernel has) would not.
-    pub fn set_congestion_control(&self, cc: CongestionControl) -> io::Result<()> {
+    pub(crate) fn set_congestion_control(&self, cc: CongestionControl) -> io::Result<()> {
         self.sysctl("net/ipv4/tcp_congestion_control", cc.as_str())
     }
 
     /// TCP segments this namespace's stack has retransmitted so far (`RetransSegs` of its
     /// `/proc/net/snmp`): every connection's, closed ones included, as `tcpi_total_retrans`
     /// would sum them, read without `getsockopt(TCP_INFO)`, which no safe API offers.
-    pub async fn tcp_retransmissions(&self) -> io::Result<u64> {
-        self.run_async(|| {
+    pub(crate) async fn tcp_retransmissions(&self) -> io::Result<u64> {
+        self.within_async(|| {
             // thread-self: /proc/self/net would show the namespace of the process's main thread.
             let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")?;
             retrans_segs(&snmp).ok_or_else(|| io::Error::other("no Tcp: RetransSegs in snmp"))
@@ -142,7 +145,7 @@ impl Namespace {
 
     /// Starts `command` inside the namespace.
     pub fn spawn(&self, mut command: Command) -> io::Result<Child> {
-        self.run(move || command.spawn())
+        self.within(move || command.spawn())
     }
 }
 

@@ -55,7 +55,7 @@ impl KernelPath {
         let downstream_cc = profile.downstream.congestion_control;
         let listener = pair
             .b
-            .run_async(move || -> io::Result<std::net::TcpListener> {
+            .within_async(move || -> io::Result<std::net::TcpListener> {
                 let socket = link_socket(downstream_cc)?;
                 socket.bind(&SocketAddr::from(SocketAddrV4::new(PAIR_ADDRS.b, 0)).into())?;
                 socket.listen(1024)?;
@@ -83,7 +83,7 @@ impl KernelPath {
     }
 
     /// The link's counters.
-    pub fn link_stats(&self) -> Arc<LinkStats> {
+    pub(crate) fn link_stats(&self) -> Arc<LinkStats> {
         self.pair.link.stats()
     }
 
@@ -94,7 +94,7 @@ impl KernelPath {
         let socket = self
             .pair
             .a
-            .run_async(move || -> io::Result<Socket> {
+            .within_async(move || -> io::Result<Socket> {
                 let socket = link_socket(cc)?;
                 socket.bind(&SocketAddr::from(SocketAddrV4::new(PAIR_ADDRS.a, 0)).into())?;
                 Ok(socket)

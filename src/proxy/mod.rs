@@ -40,13 +40,13 @@ pub enum Faults {
 }
 
 /// Default bytes in flight per direction before the proxy stops reading.
-pub const DEFAULT_WINDOW: usize = 4 << 20;
+pub(crate) const DEFAULT_WINDOW: usize = 4 << 20;
 
 /// How long a proxy waits for the upstream's accept before giving up on a client, unless told
 /// otherwise (`--connect-timeout`, the control API's proxies).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest window: memory per connection direction, and a count its semaphore can hold.
-pub const MAX_WINDOW: usize = 1 << 30;
+pub(crate) const MAX_WINDOW: usize = 1 << 30;
 
 /// Tunables of one proxy.
 #[derive(Clone, Debug)]
@@ -231,7 +231,7 @@ impl Proxy {
 
     /// The kernel engine's path, when the proxy runs on it: retuned by whoever changes a live
     /// proxy's toxics, before the change is confirmed, so the next packet already meets it.
-    pub fn kernel_path(&self) -> Option<Arc<KernelPath>> {
+    pub(crate) fn kernel_path(&self) -> Option<Arc<KernelPath>> {
         self.shared.kernel.clone()
     }
 

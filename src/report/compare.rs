@@ -56,7 +56,7 @@ pub struct Comparison {
 }
 
 /// `--threshold`: a percentage, `10%` or `10`, above 0.
-pub fn parse_threshold(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_threshold(s: &str) -> Result<f64, String> {
     match s.trim().trim_end_matches('%').trim().parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("\"{s}\" is not a percentage above 0 (e.g. 10%)")),
@@ -76,7 +76,7 @@ fn regressed(m: Metric, old: f64, new: f64, threshold: f64, calls: (u64, u64)) -
 }
 
 /// Compares every cell of `new` with the same row and profile in `old`.
-pub fn compare(old: &Table, new: &Table, threshold: f64) -> Comparison {
+pub(crate) fn compare(old: &Table, new: &Table, threshold: f64) -> Comparison {
     let name = |t: &Table, (ri, pi): (usize, usize)| (t.rows[ri].clone(), t.profiles[pi].clone());
     let mut c = Comparison {
         threshold_pct: threshold,
@@ -137,12 +137,12 @@ fn find<'a>(t: &'a Table, row: &str, profile: &str) -> Option<&'a CellFigures> {
 }
 
 impl Comparison {
-    pub fn regressions(&self) -> usize {
+    pub(crate) fn regressions(&self) -> usize {
         self.deltas.iter().filter(|d| d.regressed()).count()
     }
 
     /// The deltas as text: a line per cell, `!` before each figure that regressed.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let width = self
             .deltas
             .iter()

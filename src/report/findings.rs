@@ -13,7 +13,8 @@ use super::Table;
 const BY: Metric = Metric::P50;
 
 /// What the report says when the table supports no finding.
-pub const NONE: &str = "none the data supports (they need a single and a per-call cell of one \
+pub(crate) const NONE: &str =
+    "none the data supports (they need a single and a per-call cell of one \
                         flavour, two flavours under one profile, or a failed call)";
 
 /// Every finding the table supports, in reading order.

@@ -292,7 +292,7 @@ pub fn check(t: &Table, assertions: &[Assertion]) -> Vec<Check> {
 
 /// The checks grouped by assertion, in the order given: its name, its checks, and those that
 /// failed. The text and the HTML report both list them so.
-pub fn by_assertion(checks: &[Check]) -> Vec<(&str, Vec<&Check>, Vec<&Check>)> {
+pub(crate) fn by_assertion(checks: &[Check]) -> Vec<(&str, Vec<&Check>, Vec<&Check>)> {
     let mut names: Vec<&str> = checks.iter().map(|c| c.assertion.as_str()).collect();
     names.dedup();
     names
@@ -306,7 +306,7 @@ pub fn by_assertion(checks: &[Check]) -> Vec<(&str, Vec<&Check>, Vec<&Check>)> {
 }
 
 /// The checks in words: a line per assertion, and one per cell that broke it.
-pub fn render(checks: &[Check]) -> String {
+pub(crate) fn render(checks: &[Check]) -> String {
     let mut out = String::new();
     for (name, mine, failed) in by_assertion(checks) {
         if failed.is_empty() {

@@ -23,7 +23,7 @@ pub fn page(
     rows: usize,
     checks: &[Check],
     baseline: Option<&Comparison>,
-) -> Result<String, String> {
+) -> Result<String, PlotError> {
     let mut html = head(title);
     html += &findings_html(table);
     html += &gates_html(checks);
@@ -38,7 +38,7 @@ pub fn page(
     html += &html_tables(table);
     for (pi, profile) in table.profiles.iter().enumerate() {
         let _ = writeln!(html, "<h2>Latency CDF: {}</h2>", escape(profile));
-        html += &cdf_svg(table, pi).map_err(|e| format!("plot: {e}"))?;
+        html += &cdf_svg(table, pi)?;
     }
     html += "<h2>p50 and p99 latency per cell</h2>\n";
     html += &bar_panels(table)?;
@@ -116,6 +116,19 @@ fn html_tables(t: &Table) -> String {
 }
 
 pub(crate) type PlotResult = Result<String, Box<dyn std::error::Error>>;
+
+/// A plot that could not be drawn, for every page that has plots (the report's and
+/// calibrate's). plotters' error is kept as its text: it is not `Send`, and an error must be
+/// to reach the binary's edge.
+#[derive(Debug, thiserror::Error)]
+#[error("plot: {0}")]
+pub struct PlotError(String);
+
+impl From<Box<dyn std::error::Error>> for PlotError {
+    fn from(e: Box<dyn std::error::Error>) -> PlotError {
+        PlotError(e.to_string())
+    }
+}
 
 /// Colours told apart by most eyes (Okabe and Ito's eight, less yellow, which vanishes on
 /// white, plus three): a flavour keeps its colour in every panel.
@@ -373,7 +386,7 @@ fn styled_cdf_plot(series: &[Series], x_desc: &str) -> PlotResult {
 
 /// p50 and p99 bars, a panel per profile (the rows of that profile, named without it), all on
 /// one log scale so panels compare at a glance; under them one legend.
-fn bar_panels(t: &Table) -> Result<String, String> {
+fn bar_panels(t: &Table) -> Result<String, PlotError> {
     let mut panels: Vec<(&str, Vec<Bar>)> = Vec::new();
     for (pi, profile) in t.profiles.iter().enumerate() {
         let mut bars = Vec::new();
@@ -397,7 +410,7 @@ fn bar_panels(t: &Table) -> Result<String, String> {
     let label_px = 40 + 7 * all().map(|b| b.0.len()).max().unwrap_or(0) as u32;
     let mut html = String::from("<div class=panels>\n");
     for (profile, bars) in &panels {
-        let svg = bars_svg(bars, lo, hi, label_px).map_err(|e| format!("plot: {e}"))?;
+        let svg = bars_svg(bars, lo, hi, label_px)?;
         let _ = writeln!(
             html,
             "<figure class=bars><figcaption>{}</figcaption>{svg}</figure>",

@@ -73,7 +73,7 @@ impl Metric {
     }
 
     /// The names, for a message listing what may be used.
-    pub fn all_names() -> String {
+    pub(crate) fn all_names() -> String {
         Self::NAMES
             .iter()
             .map(|(_, names)| names[0])
@@ -98,7 +98,7 @@ impl Metric {
 
     /// Whether a smaller value is the better one (latencies, failures, costs), as against
     /// calls/s: what a regression and "the fastest" mean.
-    pub fn lower_is_better(self) -> bool {
+    pub(crate) fn lower_is_better(self) -> bool {
         self != Metric::CallsPerSec
     }
 

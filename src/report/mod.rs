@@ -57,7 +57,7 @@ impl RoundSummary {
     }
 
     /// One sentence for the report, saying what the numbers are.
-    pub fn explain(self) -> &'static str {
+    pub(crate) fn explain(self) -> &'static str {
         match self {
             RoundSummary::Mean => {
                 "total time is the mean over rounds of the time a cell's calls took; p99 and \
@@ -286,7 +286,7 @@ impl RowKey {
     }
 
     /// Every axis spelt out, for messages that must name a cell without the table around them.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut d = format!(
             "flavour={} mode={} workload={} concurrency={}",
             self.flavour, self.mode, self.workload, self.concurrency
@@ -350,7 +350,7 @@ impl Table {
     }
 
     /// The row of `ri`'s flavour and other axes, in `mode`.
-    pub fn partner(&self, ri: usize, mode: &str) -> Option<usize> {
+    pub(crate) fn partner(&self, ri: usize, mode: &str) -> Option<usize> {
         let key = &self.keys[ri];
         self.keys
             .iter()
@@ -360,7 +360,7 @@ impl Table {
     /// `m` of the cell (ri, pi) over `m` of the same flavour, axes and profile in `mode`: how
     /// many times a connection strategy costs another. None without both values, or when the
     /// denominator is 0.
-    pub fn over_mode(&self, ri: usize, pi: usize, mode: &str, m: Metric) -> Option<f64> {
+    pub(crate) fn over_mode(&self, ri: usize, pi: usize, mode: &str, m: Metric) -> Option<f64> {
         let other = self.partner(ri, mode)?;
         ratio(
             self.cell(ri, pi)?.value(m)?,
@@ -370,7 +370,7 @@ impl Table {
 
     /// A cell's p50 over its single-connection partner's: the table's `÷single`. None for a
     /// single cell itself (its ratio to itself says nothing).
-    pub fn over_single(&self, ri: usize, pi: usize) -> Option<f64> {
+    pub(crate) fn over_single(&self, ri: usize, pi: usize) -> Option<f64> {
         (self.keys[ri].mode != "single")
             .then(|| self.over_mode(ri, pi, "single", Metric::P50))
             .flatten()
@@ -389,7 +389,7 @@ impl Table {
     /// The flavour with the lowest `m` among the rows that differ from `ri` in flavour only,
     /// under profile `pi`; and `ri`'s `m` over it. `m` is a latency (lower is faster). None
     /// unless two flavours or more have the figure.
-    pub fn over_fastest(&self, ri: usize, pi: usize, m: Metric) -> Option<(usize, f64)> {
+    pub(crate) fn over_fastest(&self, ri: usize, pi: usize, m: Metric) -> Option<(usize, f64)> {
         let flavours = self.flavours(ri, pi, m);
         // One flavour alone is not the fastest of anything.
         if flavours.len() < 2 {
@@ -428,7 +428,7 @@ impl Table {
 
     /// What the text report says first: how the numbers were made, and which rows were taken
     /// to have run at once (calls/s depend on it).
-    pub fn preamble(&self) -> String {
+    pub(crate) fn preamble(&self) -> String {
         let mut out = format!("({})\n", self.summary.explain());
         let at_once = self.cells.values().any(|c| c.rows > c.rounds);
         if at_once {
@@ -453,7 +453,7 @@ impl Table {
     }
 
     /// Plain-text rendering: the findings, then a table per profile with every column.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         match findings::findings(self).as_slice() {
             [] => {
@@ -493,7 +493,7 @@ impl Table {
 }
 
 /// The table's columns, with what each means (the HTML shows it on hover).
-pub const COLUMNS: [(&str, &str); 13] = [
+pub(crate) const COLUMNS: [(&str, &str); 13] = [
     (
         "total ms",
         "time the cell's calls took (mean over rounds, or the median round's)",

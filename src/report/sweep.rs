@@ -9,7 +9,7 @@ use std::fmt::Write;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::prelude::*;
 
-use super::html::{escape, legend, log_ticks, look, tick_label, Look, PlotResult};
+use super::html::{escape, legend, log_ticks, look, tick_label, Look, PlotError, PlotResult};
 use super::metric::Metric;
 use super::{RowKey, Table};
 use crate::workload::Workload;
@@ -130,7 +130,7 @@ fn panels(t: &Table, axis: Axis) -> Vec<Panel> {
 }
 
 /// The sweep charts, each under its heading with a legend; empty when nothing sweeps.
-pub fn charts(t: &Table) -> Result<String, String> {
+pub(crate) fn charts(t: &Table) -> Result<String, PlotError> {
     let mut html = String::new();
     for (axis, metric, heading) in [
         (
@@ -160,7 +160,7 @@ pub fn charts(t: &Table) -> Result<String, String> {
         }
         let _ = writeln!(html, "<h2>{heading}</h2>\n<div class=panels>");
         for p in &panels {
-            let svg = panel_svg(t, p, axis, metric).map_err(|e| format!("plot: {e}"))?;
+            let svg = panel_svg(t, p, axis, metric)?;
             let _ = writeln!(
                 html,
                 "<figure class=sweep><figcaption>{}</figcaption>{svg}</figure>",

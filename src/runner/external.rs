@@ -7,11 +7,10 @@
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{anyhow, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -31,7 +30,7 @@ const START: Duration = Duration::from_secs(30);
 
 /// A started external server; stopped (SIGTERM, then SIGKILL) and reaped on drop.
 #[derive(Debug)]
-pub struct ServerProcess {
+pub(crate) struct ServerProcess {
     child: Child,
 }
 
@@ -42,13 +41,33 @@ impl Drop for ServerProcess {
     }
 }
 
+/// Why an external flavour's server is not there to call.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("find a free loopback port")]
+    NoPort(#[source] std::io::Error),
+    #[error("external flavour {name}: start its server")]
+    Start {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("external flavour {name}: its server ({command}) {why}{stderr}")]
+    Failed {
+        name: String,
+        command: String,
+        why: String,
+        /// `; its stderr ends: ...`, or empty ([`Tail::describe`]).
+        stderr: String,
+    },
+}
+
 /// The flavour's server: started on a free loopback port and waited for until it accepts, or
 /// (`target`) the address given. Returns the process (if started) and the address.
-pub fn start_server(
+pub(crate) fn start_server(
     bin: &Path,
     x: &ExternalFlavour,
     nodelay: bool,
-) -> anyhow::Result<(Option<ServerProcess>, String)> {
+) -> Result<(Option<ServerProcess>, String), ServerError> {
     let template = match &x.server {
         ExternalServer::Target(addr) => return Ok((None, addr.clone())),
         ExternalServer::Serve(t) => t,
@@ -57,7 +76,7 @@ pub fn start_server(
     // in between; then the server fails to start, with its message).
     let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
-        .context("find a free loopback port")?
+        .map_err(ServerError::NoPort)?
         .port();
     let argv = template.fill(|p| match p {
         Placeholder::Host => Ipv4Addr::LOCALHOST.to_string(),
@@ -68,21 +87,16 @@ pub fn start_server(
             Placeholder::SERVE
         ),
     });
-    let mut command = Command::new(bin);
+    let mut command = crate::child::supervised(bin);
     command
-        .args([
-            "supervise",
-            crate::child::PARENT_FLAG,
-            &std::process::id().to_string(),
-            "--",
-        ])
         .args(&argv)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("external flavour {}: start its server", x.name))?;
+    let mut child = command.spawn().map_err(|source| ServerError::Start {
+        name: x.name.clone(),
+        source,
+    })?;
     let (tail, drained) = drain(child.stderr.take().map(|e| Box::new(e) as _));
     // Guarded from here: every early return stops and reaps it.
     let mut server = ServerProcess { child };
@@ -90,12 +104,12 @@ pub fn start_server(
     let deadline = Instant::now() + START;
     let failed = |why: String| {
         let _ = drained.recv_timeout(Duration::from_secs(1));
-        anyhow!(
-            "external flavour {}: its server ({}) {why}{}",
-            x.name,
-            argv.join(" "),
-            tail.lock().expect("never poisoned").describe()
-        )
+        ServerError::Failed {
+            name: x.name.clone(),
+            command: argv.join(" "),
+            why,
+            stderr: tail.lock().expect("never poisoned").describe(),
+        }
     };
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {
@@ -155,7 +169,7 @@ fn drain(pipe: Option<Box<dyn Read + Send>>) -> (Arc<Mutex<Tail>>, mpsc::Receive
 
 /// Why a cell's client gave no row.
 #[derive(Debug, thiserror::Error)]
-pub enum CellError {
+pub(crate) enum CellError {
     #[error("cannot start {program}: {source}")]
     Start {
         program: String,
@@ -180,7 +194,7 @@ pub enum CellError {
 /// A cell's client failed: why, and the last lines of its standard error.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}{stderr}")]
-pub struct ClientFailed {
+pub(crate) struct ClientFailed {
     pub error: CellError,
     /// `; its stderr ends: ...`, or empty ([`Tail::describe`]).
     pub stderr: String,
@@ -230,7 +244,7 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// the counters: once before the client starts, and again when it says `begin`, so they cover
 /// the same calls as the row. The client is killed if this future is dropped (an interrupted
 /// run) or runs past its limit.
-pub async fn run_cell<F: std::future::Future<Output = Probe>>(
+pub(crate) async fn run_cell<F: std::future::Future<Output = Probe>>(
     bin: &Path,
     x: &ExternalFlavour,
     exp: &Experiment,
@@ -268,13 +282,7 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
     // with it ([`crate::child`]); spawned from the run's main thread, which the kernel's
     // parent-death signal is tied to.
     let mut child = ClientProcess(
-        tokio::process::Command::new(bin)
-            .args([
-                "supervise",
-                crate::child::PARENT_FLAG,
-                &std::process::id().to_string(),
-                "--",
-            ])
+        tokio::process::Command::from(crate::child::supervised(bin))
             .args(&argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -324,7 +332,7 @@ pub async fn run_cell<F: std::future::Future<Output = Probe>>(
                 return Err(garbage(format!("longer than {MAX_LINE} bytes")));
             }
             let text = std::str::from_utf8(&buf).map_err(|_| garbage("not UTF-8".into()))?;
-            let line = Line::parse(text).map_err(garbage)?;
+            let line = Line::parse(text).map_err(|e| garbage(e.to_string()))?;
             match line {
                 Line::Begin => {
                     before = begin().await;

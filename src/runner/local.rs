@@ -16,22 +16,22 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::external::ServerError;
 use super::Probe;
-use crate::child::Announced;
+use crate::child::{AnnounceError, Announced};
 use crate::experiment::{BackendSpec, Cell, CellFlavour, Experiment};
 use crate::flavour::SocketOptions;
-use crate::link::{Engine, NamespacePair, PAIR_ADDRS};
-use crate::local_redis::LocalRedis;
+use crate::link::{Engine, NamespaceError, NamespacePair, PAIR_ADDRS};
+use crate::local_redis::{LocalRedis, RedisStartError};
 use crate::net::Served;
 use crate::profile::{CongestionControl, Profile};
 use crate::proxy::{Proxy, ProxyOptions, ProxyStats, StatsSnapshot};
 use crate::service::Backend;
 
 /// Every server and proxy of a local run; all stopped on drop.
-pub struct LocalTargets {
+pub(crate) struct LocalTargets {
     /// The distinct backends, in the order of `targets`' first index.
     backends: Vec<BackendSpec>,
     /// `targets[backend][flavour][nodelay]` (`nodelay` in the experiment's order): a server
@@ -45,13 +45,40 @@ pub struct LocalTargets {
     _redis: Option<LocalRedis>,
 }
 
+/// Why a local run's servers, proxies or link namespaces could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// Said in one line, as the redis error is not a cause below it.
+    #[error("workload @redis: {0}")]
+    Redis(RedisStartError),
+    #[error("link engine for profile {profile}")]
+    Link {
+        profile: String,
+        source: NamespaceError,
+    },
+    #[error("listen in the link's server namespace")]
+    ListenInLink(#[source] std::io::Error),
+    #[error("start the {flavour} server")]
+    Server {
+        flavour: &'static str,
+        source: AnnounceError,
+    },
+    #[error(transparent)]
+    External(#[from] ServerError),
+    /// The proxy's listening socket, or its serving task.
+    #[error(transparent)]
+    Proxy(std::io::Error),
+    #[error(transparent)]
+    KernelEngine(NamespaceError),
+}
+
 impl LocalTargets {
-    pub async fn start(exp: &Experiment, bin: &Path) -> anyhow::Result<LocalTargets> {
+    pub async fn start(exp: &Experiment, bin: &Path) -> Result<LocalTargets, LocalError> {
         let backends = exp.backends();
         // Started before any server, so a missing redis-server fails the run before any traffic.
         let redis = if backends.contains(&BackendSpec::LocalRedis) {
             let redis = LocalRedis::start(Some(bin));
-            Some(redis.map_err(|e| anyhow::anyhow!("workload @redis: {e}"))?)
+            Some(redis.map_err(LocalError::Redis)?)
         } else {
             None
         };
@@ -62,7 +89,10 @@ impl LocalTargets {
                 // Named after the profile, as proxies are: every flavour meets the same faults.
                 let pair = NamespacePair::new(profile, exp.seed, &profile.name)
                     .await
-                    .with_context(|| format!("link engine for profile {}", profile.name))?;
+                    .map_err(|source| LocalError::Link {
+                        profile: profile.name.clone(),
+                        source,
+                    })?;
                 links.push(pair);
             }
         }
@@ -142,7 +172,7 @@ impl LocalTargets {
     }
 
     /// Where the cell's calls go, and how its client sockets are made.
-    pub fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
+    pub(crate) fn enter(&self, exp: &Experiment, cell: &Cell) -> (String, SocketOptions) {
         let mut socket = SocketOptions {
             nodelay: cell.nodelay,
             write_pattern: cell.write_pattern,
@@ -218,10 +248,10 @@ impl LocalTargets {
 async fn listen_in_b(
     pair: &NamespacePair,
     profile: &Profile,
-) -> anyhow::Result<std::net::TcpListener> {
+) -> Result<std::net::TcpListener, LocalError> {
     let cc: CongestionControl = profile.downstream.congestion_control;
     pair.b
-        .run_async(move || -> std::io::Result<std::net::TcpListener> {
+        .within_async(move || -> std::io::Result<std::net::TcpListener> {
             let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
             socket.set_tcp_congestion(cc.as_str().as_bytes())?;
             socket.bind(&SocketAddr::from(SocketAddrV4::new(PAIR_ADDRS.b, 0)).into())?;
@@ -230,7 +260,7 @@ async fn listen_in_b(
             Ok(socket.into())
         })
         .await
-        .context("listen in the link's server namespace")
+        .map_err(LocalError::ListenInLink)
 }
 
 /// One server and the proxies (one per profile) in front of it; with the link engine, one
@@ -269,7 +299,7 @@ impl Server {
         backend: &Backend,
         nodelay: bool,
         listener: Option<std::net::TcpListener>,
-    ) -> anyhow::Result<Server> {
+    ) -> Result<Server, LocalError> {
         let flavour = match flavour {
             CellFlavour::Builtin(f) => f,
             CellFlavour::External(x) => {
@@ -310,8 +340,11 @@ impl Server {
             }
         }
         command.stderr(Stdio::inherit());
-        let process = Announced::spawn(command, SERVER_START)
-            .with_context(|| format!("start the {} server", flavour.name()))?;
+        let process =
+            Announced::spawn(command, SERVER_START).map_err(|source| LocalError::Server {
+                flavour: flavour.name(),
+                source,
+            })?;
         let addr = process.addr.clone();
         Ok(Server {
             process: ServerProcess::Faultrig(process),
@@ -368,8 +401,9 @@ async fn start_proxy(
     profile: &crate::profile::Profile,
     seed: u64,
     engine: Engine,
-) -> anyhow::Result<RunningProxy> {
-    let listener = crate::net::bind("127.0.0.1:0".parse().expect("valid"))?;
+) -> Result<RunningProxy, LocalError> {
+    let listener =
+        crate::net::bind("127.0.0.1:0".parse().expect("valid")).map_err(LocalError::Proxy)?;
     let options = ProxyOptions {
         // Keyed by profile only: every flavour meets the same fault streams.
         name: profile.name.clone(),
@@ -378,11 +412,15 @@ async fn start_proxy(
     };
     let proxy = Proxy::new(upstream, profile.clone(), options);
     let proxy = match engine {
-        Engine::Kernel => proxy.with_kernel_engine().await?,
+        Engine::Kernel => proxy
+            .with_kernel_engine()
+            .await
+            .map_err(LocalError::KernelEngine)?,
         _ => proxy,
     };
     let stats = proxy.stats();
-    let served = Served::spawn(listener, |l, stop| proxy.run(l, stop))?;
+    let served =
+        Served::spawn(listener, |l, stop| proxy.run(l, stop)).map_err(LocalError::Proxy)?;
     Ok(RunningProxy {
         addr: served.addr().to_string(),
         stats,

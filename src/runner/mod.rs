@@ -8,10 +8,12 @@ mod external;
 mod local;
 mod remote;
 
+pub use external::ServerError;
+pub use local::LocalError;
+pub use remote::RemoteError;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use anyhow::Context;
 
 use crate::bench::{self, BenchSpec, RigTarget};
 use crate::experiment::{Cell, CellFlavour, Experiment};
@@ -56,6 +58,23 @@ pub struct RunOutcome {
     pub failed: Vec<FailedCell>,
 }
 
+/// Why a run stopped before its cells were done (a cell that fails is not this: it is a
+/// [`FailedCell`], and the run goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("write {}", path.display())]
+    OpenResults {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    WriteRow(std::io::Error),
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
+    #[error(transparent)]
+    Remote(#[from] remote::RemoteError),
+}
+
 /// The servers and proxies of a run.
 enum Targets {
     Local(local::LocalTargets),
@@ -63,7 +82,7 @@ enum Targets {
 }
 
 impl Targets {
-    async fn start(exp: &Experiment, bin: &Path) -> anyhow::Result<Targets> {
+    async fn start(exp: &Experiment, bin: &Path) -> Result<Targets, RunnerError> {
         Ok(match &exp.remote {
             None => Targets::Local(local::LocalTargets::start(exp, bin).await?),
             Some(r) => Targets::Remote(remote::RemoteTargets::start(exp, r).await?),
@@ -139,9 +158,12 @@ pub async fn run(
     bin: &Path,
     host: &str,
     interrupted: impl std::future::Future,
-) -> anyhow::Result<RunOutcome> {
-    let mut writer = ResultsWriter::append(&files.csv)
-        .with_context(|| format!("write {}", files.csv.display()))?;
+) -> Result<RunOutcome, RunnerError> {
+    let mut writer =
+        ResultsWriter::append(&files.csv).map_err(|source| RunnerError::OpenResults {
+            path: files.csv.clone(),
+            source,
+        })?;
     let mut targets = Targets::start(exp, bin).await?;
     let mut outcome = RunOutcome::default();
     let measured = run_cells(
@@ -171,7 +193,7 @@ async fn run_cells(
     writer: &mut ResultsWriter,
     outcome: &mut RunOutcome,
     interrupted: impl std::future::Future,
-) -> anyhow::Result<()> {
+) -> Result<(), RunnerError> {
     let cells = exp.cells();
     let total = cells.len() as u64 * u64::from(exp.rounds);
     let progress = indicatif::ProgressBar::new(total).with_style(
@@ -227,7 +249,7 @@ async fn run_cells(
                 row.conns_opened = a.connections.saturating_sub(b);
             }
             fill_measurements(&mut row, before, after);
-            writer.write(&row)?;
+            writer.write(&row).map_err(RunnerError::WriteRow)?;
             progress.set_message(format!("{:.0} calls/s", row.throughput_rps));
             outcome.rows.push(row);
         }

@@ -12,8 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
-
 use super::Probe;
 use crate::api::client::{Client, ClientError};
 use crate::api::wire::{ProxyJson, ToxicJson};
@@ -34,7 +32,7 @@ const PROFILE_TOXICS: [(&str, Direction); 2] = [
     ("faultrig-profile-down", Direction::Downstream),
 ];
 
-pub struct RemoteTargets {
+pub(crate) struct RemoteTargets {
     api: Api,
     /// One proxy per flavour, in the experiment's flavour order.
     proxies: Vec<RemoteProxy>,
@@ -59,25 +57,105 @@ struct RemoteProxy {
     profile: Option<usize>,
 }
 
+/// Why a remote run could not put its proxies in place on the proxy host.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error(
+        "the control API at {api} is not faultrig's (version {version}): a remote run needs \
+         `faultrig proxy --api` for its profile toxics"
+    )]
+    NotOurs { api: String, version: String },
+    /// The client's error leads the message, which says what to check; it is not a cause
+    /// below it (that would print it twice).
+    #[error(
+        "{error}: is `faultrig proxy --api {api}` running on the proxy host, and the port open \
+         to this host?"
+    )]
+    NoApi { api: String, error: ClientError },
+    #[error("{kind} {name}: a remote run has built-in flavours only")]
+    NotBuiltin { kind: &'static str, name: String },
+    #[error("create the proxies through the control API at {api}")]
+    Populate { api: String, source: ClientError },
+    /// `[remote] api` is not HOST:PORT (the message says why).
+    #[error("{0}")]
+    ApiAddress(String),
+    #[error("the control API reported a proxy listening on {0}")]
+    ProxyListenAddress(String),
+    #[error("proxy {name}")]
+    Proxy { name: String, source: ClientError },
+    #[error("profile {profile}")]
+    Profile {
+        profile: String,
+        source: Box<RemoteError>,
+    },
+    #[error("add toxic {toxic} to proxy {proxy}")]
+    AddToxic {
+        toxic: String,
+        proxy: String,
+        source: ClientError,
+    },
+    #[error("the toxics of proxy {proxy}")]
+    Toxics { proxy: String, source: ClientError },
+    #[error("delete toxic {toxic} of proxy {proxy}")]
+    DeleteToxic {
+        toxic: String,
+        proxy: String,
+        source: ClientError,
+    },
+    #[error(
+        "the {flavour} server at {server} is unreachable from the proxy host: is `faultrig \
+         serve --flavour {flavour} --listen {server}` running there, and the port open?"
+    )]
+    ServerUnreachable {
+        flavour: &'static str,
+        server: String,
+    },
+    #[error("the {flavour} proxy at {addr} is unreachable from this host: {why}")]
+    ProxyUnreachable {
+        flavour: &'static str,
+        addr: String,
+        why: String,
+    },
+    #[error("no answer from the {flavour} server at {server} through the proxy at {addr}: {why}")]
+    NoAnswer {
+        flavour: &'static str,
+        server: String,
+        addr: String,
+        why: String,
+    },
+}
+
+/// `error: its cause: its cause's cause`, for a log line (what `{:#}` shows for the error at
+/// the binary's edge).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text += &format!(": {e}");
+        source = e.source();
+    }
+    text
+}
+
 impl RemoteTargets {
-    pub async fn start(exp: &Experiment, remote: &Remote) -> anyhow::Result<RemoteTargets> {
+    pub async fn start(exp: &Experiment, remote: &Remote) -> Result<RemoteTargets, RemoteError> {
         let api = remote.api.clone();
         let client = Client::new(&api);
-        let not_ours = |version: &str| {
-            anyhow!(
-                "the control API at {api} is not faultrig's (version {version}): a remote run \
-                 needs `faultrig proxy --api` for its profile toxics"
-            )
+        let not_ours = |version: String| RemoteError::NotOurs {
+            api: api.clone(),
+            version,
         };
         match client.version().await {
             Ok(version) if version.contains("faultrig") => {}
-            Ok(version) => return Err(not_ours(&version)),
+            Ok(version) => return Err(not_ours(version)),
             // Older Toxiproxy answers its version as plain text, not JSON.
-            Err(e @ ClientError::Unexpected { .. }) => return Err(not_ours(&e.to_string())),
-            Err(e) => bail!(
-                "{e}: is `faultrig proxy --api {api}` running on the proxy host, and the port \
-                 open to this host?"
-            ),
+            Err(e @ ClientError::Unexpected { .. }) => return Err(not_ours(e.to_string())),
+            Err(error) => {
+                return Err(RemoteError::NoApi {
+                    api: api.clone(),
+                    error,
+                })
+            }
         }
         // Validation refuses external flavours and targets with [remote]; this says so again rather than
         // trusting it.
@@ -85,15 +163,12 @@ impl RemoteTargets {
             .flavours
             .iter()
             .map(|f| {
-                f.builtin().ok_or_else(|| {
-                    anyhow!(
-                        "{} {}: a remote run has built-in flavours only",
-                        f.kind(),
-                        f.name()
-                    )
+                f.builtin().ok_or_else(|| RemoteError::NotBuiltin {
+                    kind: f.kind(),
+                    name: f.name().to_string(),
                 })
             })
-            .collect::<anyhow::Result<Vec<&'static dyn Flavour>>>()?;
+            .collect::<Result<Vec<&'static dyn Flavour>, RemoteError>>()?;
         let specs: Vec<ProxyJson> = flavours
             .iter()
             .zip(&remote.servers)
@@ -110,10 +185,13 @@ impl RemoteTargets {
         client
             .populate(&specs)
             .await
-            .with_context(|| format!("create the proxies through the control API at {api}"))?;
+            .map_err(|source| RemoteError::Populate {
+                api: api.clone(),
+                source,
+            })?;
         let api_host = crate::net::split_host_port(&api)
             .map(|(h, _)| h.to_string())
-            .map_err(|e| anyhow!(e))?;
+            .map_err(RemoteError::ApiAddress)?;
         let api = Api {
             client,
             profile_toxics: remote.profile_toxics.clone(),
@@ -134,15 +212,16 @@ impl RemoteTargets {
     }
 
     /// Puts the cell's profile in place; returns where its calls go.
-    pub async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
+    pub(crate) async fn enter(&mut self, exp: &Experiment, cell: &Cell) -> String {
         let p = &mut self.proxies[exp.flavour_index(&cell.flavour)];
         if p.profile != Some(cell.profile) {
             if let Err(e) = self.api.set_profile(p, cell.profile).await {
                 // The proxy host is unreachable or failing: its calls will fail and be counted.
                 tracing::warn!(
-                    "proxy {}: cannot set profile {}: {e:#}",
+                    "proxy {}: cannot set profile {}: {}",
                     p.name,
-                    exp.profiles[cell.profile].name
+                    exp.profiles[cell.profile].name,
+                    chain(&e)
                 );
             }
         }
@@ -176,13 +255,16 @@ impl Api {
         flavour: &'static dyn Flavour,
         server: &str,
         api_host: &str,
-    ) -> anyhow::Result<RemoteProxy> {
+    ) -> Result<RemoteProxy, RemoteError> {
         let name = proxy_name(flavour);
         let proxy = self
             .client
             .proxy(&name)
             .await
-            .with_context(|| format!("proxy {name}"))?;
+            .map_err(|source| RemoteError::Proxy {
+                name: name.clone(),
+                source,
+            })?;
         let mut p = RemoteProxy {
             addr: reachable(&proxy.listen, api_host)?,
             name,
@@ -197,7 +279,10 @@ impl Api {
         for profile in 0..exp.profiles.len() {
             self.set_profile(&mut p, profile)
                 .await
-                .with_context(|| format!("profile {}", exp.profiles[profile].name))?;
+                .map_err(|source| RemoteError::Profile {
+                    profile: exp.profiles[profile].name.clone(),
+                    source: Box::new(source),
+                })?;
         }
         Ok(p)
     }
@@ -225,7 +310,7 @@ impl Api {
 
     /// Replaces the proxy's profile toxics with those of `profile`. Until it succeeds the
     /// proxy's profile is unknown, so a later cell tries again.
-    async fn set_profile(&self, p: &mut RemoteProxy, profile: usize) -> anyhow::Result<()> {
+    async fn set_profile(&self, p: &mut RemoteProxy, profile: usize) -> Result<(), RemoteError> {
         p.profile = None;
         for (toxic, _) in PROFILE_TOXICS {
             self.delete_toxic(&p.name, toxic).await?;
@@ -235,19 +320,26 @@ impl Api {
             self.client
                 .add_toxic(&p.name, &ToxicJson::new(toxic, stream, &kind))
                 .await
-                .with_context(|| format!("add toxic {toxic} to proxy {}", p.name))?;
+                .map_err(|source| RemoteError::AddToxic {
+                    toxic: toxic.to_string(),
+                    proxy: p.name.clone(),
+                    source,
+                })?;
         }
         p.profile = Some(profile);
         Ok(())
     }
 
     /// Removes every toxic of the proxy.
-    async fn clear_toxics(&self, p: &RemoteProxy) -> anyhow::Result<()> {
+    async fn clear_toxics(&self, p: &RemoteProxy) -> Result<(), RemoteError> {
         let toxics = self
             .client
             .toxics(&p.name)
             .await
-            .with_context(|| format!("the toxics of proxy {}", p.name))?;
+            .map_err(|source| RemoteError::Toxics {
+                proxy: p.name.clone(),
+                source,
+            })?;
         for t in toxics {
             self.delete_toxic(&p.name, &t.name).await?;
         }
@@ -256,13 +348,17 @@ impl Api {
 
     /// Deletes one toxic; one already gone, or whose proxy is gone, is fine (as before the
     /// client was typed: any 404).
-    async fn delete_toxic(&self, proxy: &str, toxic: &str) -> anyhow::Result<()> {
+    async fn delete_toxic(&self, proxy: &str, toxic: &str) -> Result<(), RemoteError> {
         match self.client.delete_toxic(proxy, toxic).await {
             Ok(()) => Ok(()),
             Err(e) if e.is(&ApiError::toxic_not_found()) || e.is(&ApiError::proxy_not_found()) => {
                 Ok(())
             }
-            Err(e) => Err(e).with_context(|| format!("delete toxic {toxic} of proxy {proxy}")),
+            Err(source) => Err(RemoteError::DeleteToxic {
+                toxic: toxic.to_string(),
+                proxy: proxy.to_string(),
+                source,
+            }),
         }
     }
 
@@ -273,7 +369,7 @@ impl Api {
         flavour: &'static dyn Flavour,
         p: &RemoteProxy,
         seed: u64,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RemoteError> {
         let before = self.stats(&p.name).await;
         let wire = Arc::new(WireCounters::default());
         let call = Generator::new(Workload::Order, seed).call(0);
@@ -293,25 +389,25 @@ impl Api {
             .zip(after)
             .is_some_and(|(b, a)| a.connect_failures > b.connect_failures);
         let flavour = flavour.name();
-        if refused_upstream {
-            bail!(
-                "the {flavour} server at {} is unreachable from the proxy host: is `faultrig \
-                 serve --flavour {flavour} --listen {}` running there, and the port open?",
-                p.server,
-                p.server
-            );
-        }
-        if wire.opened.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            bail!(
-                "the {flavour} proxy at {} is unreachable from this host: {why}",
-                p.addr
-            );
-        }
-        bail!(
-            "no answer from the {flavour} server at {} through the proxy at {}: {why}",
-            p.server,
-            p.addr
-        )
+        Err(if refused_upstream {
+            RemoteError::ServerUnreachable {
+                flavour,
+                server: p.server.clone(),
+            }
+        } else if wire.opened.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            RemoteError::ProxyUnreachable {
+                flavour,
+                addr: p.addr.clone(),
+                why,
+            }
+        } else {
+            RemoteError::NoAnswer {
+                flavour,
+                server: p.server.clone(),
+                addr: p.addr.clone(),
+                why,
+            }
+        })
     }
 }
 
@@ -321,9 +417,9 @@ fn proxy_name(flavour: &dyn Flavour) -> String {
 
 /// The proxy's bound address as this host reaches it: a wildcard address (`0.0.0.0`, `::`)
 /// means the proxy host's own, which is the API's host.
-fn reachable(listen: &str, api_host: &str) -> anyhow::Result<String> {
-    let (host, port) = crate::net::split_host_port(listen)
-        .map_err(|e| anyhow!("the control API reported a proxy listening on {e}"))?;
+fn reachable(listen: &str, api_host: &str) -> Result<String, RemoteError> {
+    let (host, port) =
+        crate::net::split_host_port(listen).map_err(RemoteError::ProxyListenAddress)?;
     let wildcard = host
         .trim_matches(['[', ']'])
         .parse::<std::net::IpAddr>()

@@ -50,7 +50,7 @@ pub struct GrpcTargetSpec {
 
 impl GrpcTargetSpec {
     /// Whether any generic gRPC flag was given.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.call.is_some() || !self.proto.is_empty() || self.reflect
     }
 
@@ -58,7 +58,7 @@ impl GrpcTargetSpec {
     /// fetched from `addr`'s reflection service, within `timeout`), the method found and
     /// unary, the data parsed and checked against the request message (the first call's, as
     /// rendered with `seed`), the metadata and the expected reply parsed.
-    pub async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         addr: &str,
         seed: u64,
@@ -117,7 +117,8 @@ impl GrpcTargetSpec {
         let (input, output) = (method.input(), method.output());
 
         let data_text = inline_or_file("--data", self.data.as_deref().unwrap_or("{}"))?;
-        let template = Template::parse(&data_text).map_err(|e| TargetError::new("--data", e))?;
+        let template =
+            Template::parse(&data_text).map_err(|e| TargetError::new("--data", e.to_string()))?;
         // The first call's data is checked here, so a message that does not fit is bad input,
         // found before any load; a template's later renders fit the same way.
         let first = message_from_json(&input, &template.render(seed, 0, 0)).map_err(|e| {

@@ -11,8 +11,7 @@ use serde::Deserialize;
 
 use super::{inline_or_file, TargetError, Template};
 use crate::bench::{Session, Target};
-use crate::flavour::http1_json::Http1Connection;
-use crate::flavour::http2_json::Http2Connection;
+use crate::flavour::http_json::HttpConnection;
 use crate::flavour::{BoxFuture, CallError, Failure, WireCounters, MAX_MESSAGE};
 
 /// An HTTP endpoint to drive: `faultrig bench --flavour http` with these flags, or a TOML table
@@ -45,7 +44,7 @@ pub struct HttpTargetSpec {
 impl HttpTargetSpec {
     /// Checks and prepares everything before any load. Returns the target and the address its
     /// URL names (HOST:PORT), which is where it connects unless told otherwise.
-    pub fn resolve(&self, seed: u64) -> Result<(HttpTarget, String), TargetError> {
+    pub(crate) fn resolve(&self, seed: u64) -> Result<(HttpTarget, String), TargetError> {
         let url = self
             .url
             .as_deref()
@@ -73,7 +72,7 @@ impl HttpTargetSpec {
             return Err(TargetError::new(&what, "bad host"));
         }
         let path_text = path;
-        let path = Template::parse(path).map_err(|e| TargetError::new(&what, e))?;
+        let path = Template::parse(path).map_err(|e| TargetError::new(&what, e.to_string()))?;
         // Every render must be a valid path and query; the first is checked here.
         http::uri::PathAndQuery::try_from(path.render(seed, 0, 0))
             .map_err(|e| TargetError::new(&what, format!("bad path: {e}")))?;
@@ -86,7 +85,7 @@ impl HttpTargetSpec {
         let body = match &self.body {
             Some(b) => Some(
                 Template::parse(&inline_or_file("--body", b)?)
-                    .map_err(|e| TargetError::new("--body", e))?,
+                    .map_err(|e| TargetError::new("--body", e.to_string()))?,
             ),
             None => None,
         };
@@ -205,11 +204,7 @@ impl Target for HttpTarget {
         wire: &'a Arc<WireCounters>,
     ) -> BoxFuture<'a, Result<Arc<dyn Session>, CallError>> {
         Box::pin(async move {
-            let connection = if self.0.http2 {
-                Connection::Http2(Http2Connection::open(addr, wire).await?)
-            } else {
-                Connection::Http1(Http1Connection::open(addr, wire).await?)
-            };
+            let connection = HttpConnection::open(addr, wire, self.0.http2).await?;
             Ok(Arc::new(HttpSession {
                 connection,
                 target: self.0.clone(),
@@ -218,13 +213,8 @@ impl Target for HttpTarget {
     }
 }
 
-enum Connection {
-    Http1(Http1Connection),
-    Http2(Http2Connection),
-}
-
 struct HttpSession {
-    connection: Connection,
+    connection: HttpConnection,
     target: Arc<Resolved>,
 }
 
@@ -233,22 +223,18 @@ impl Session for HttpSession {
         Box::pin(async move {
             let request = self.target.request(index, worker)?;
             let expect = self.target.expect_status;
-            match &self.connection {
-                Connection::Http1(c) => c.exchange(request, |r| check_reply(r, expect)).await,
-                Connection::Http2(c) => c.exchange(request, |r| check_reply(r, expect)).await,
-            }
+            self.connection
+                .exchange(request, |response| check_reply(response, expect))
+                .await
         })
     }
 
     fn is_open(&self) -> bool {
-        match &self.connection {
-            Connection::Http1(c) => c.is_open(),
-            Connection::Http2(c) => c.is_open(),
-        }
+        self.connection.is_open()
     }
 
     fn multiplexed(&self) -> bool {
-        matches!(self.connection, Connection::Http2(_))
+        self.connection.multiplexed()
     }
 }
 

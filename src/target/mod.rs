@@ -20,7 +20,7 @@ pub use template::Template;
 /// Bad target input: which flag (or file), and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {why}")]
-pub struct TargetError {
+pub(crate) struct TargetError {
     /// The flag, with the file or value when there is one: `--proto greet.proto`.
     pub what: String,
     pub why: String,

@@ -62,7 +62,10 @@ const VERSIONS: [&str; 2] = [
 
 /// The file defining `symbol` and every file it imports, in an order where each file comes
 /// after its imports (as a descriptor pool takes them).
-pub async fn files_for(channel: Channel, symbol: &str) -> Result<Vec<FileDescriptorProto>, String> {
+pub(crate) async fn files_for(
+    channel: Channel,
+    symbol: &str,
+) -> Result<Vec<FileDescriptorProto>, String> {
     let mut client = Reflection {
         grpc: tonic::client::Grpc::new(channel),
         path: None,

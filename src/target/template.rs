@@ -35,11 +35,34 @@ enum Part {
 }
 
 /// Longest `{{rand_string N}}`: a typo of a few more digits must not ask for gigabytes a call.
-pub const MAX_RAND_STRING: usize = 1 << 20;
+pub(crate) const MAX_RAND_STRING: usize = 1 << 20;
+
+/// Why a text is not a template: each names the placeholder at fault (without its braces
+/// here; the messages put them back).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("`{{{{` without a closing `}}}}` in \"{0}\"")]
+    Unclosed(String),
+    #[error("`{{{{{placeholder}}}}}`: \"{word}\" is not an integer")]
+    NotAnInteger { placeholder: String, word: String },
+    #[error("`{{{{{placeholder}}}}}`: {lo} is above {hi}")]
+    Reversed {
+        placeholder: String,
+        lo: i64,
+        hi: i64,
+    },
+    #[error("`{{{{{0}}}}}`: the length must be a number from 0 to {MAX_RAND_STRING}")]
+    Length(String),
+    #[error(
+        "unknown placeholder `{{{{{0}}}}}` (use {{{{index}}}}, {{{{worker}}}}, \
+         {{{{rand_int LO HI}}}} or {{{{rand_string N}}}})"
+    )]
+    Unknown(String),
+}
 
 impl Template {
     /// Parses `text`; an unknown or malformed placeholder is an error naming it.
-    pub fn parse(text: &str) -> Result<Template, String> {
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
         let mut parts = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find("{{") {
@@ -49,7 +72,7 @@ impl Template {
             let after = &rest[open + 2..];
             let close = after
                 .find("}}")
-                .ok_or_else(|| format!("`{{{{` without a closing `}}}}` in \"{text}\""))?;
+                .ok_or_else(|| TemplateError::Unclosed(text.to_string()))?;
             parts.push(placeholder(after[..close].trim())?);
             rest = &after[close + 2..];
         }
@@ -60,13 +83,13 @@ impl Template {
     }
 
     /// True when the template has no placeholders: every call carries the same text.
-    pub fn is_constant(&self) -> bool {
+    pub(crate) fn is_constant(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, Part::Text(_)))
     }
 
     /// The text of call `index` made by worker `worker`, its random values drawn from `seed`
     /// and `index`.
-    pub fn render(&self, seed: u64, index: u64, worker: usize) -> String {
+    pub(crate) fn render(&self, seed: u64, index: u64, worker: usize) -> String {
         // Made on the first random placeholder only: most templates have none.
         let mut rng: Option<ChaCha8Rng> = None;
         // Decorrelates neighbouring (seed, index) pairs (splitmix64's constant).
@@ -91,11 +114,13 @@ impl Template {
     }
 }
 
-fn placeholder(inner: &str) -> Result<Part, String> {
+fn placeholder(inner: &str) -> Result<Part, TemplateError> {
     let words: Vec<&str> = inner.split_whitespace().collect();
     let int = |s: &str| {
-        s.parse::<i64>()
-            .map_err(|_| format!("`{{{{{inner}}}}}`: \"{s}\" is not an integer"))
+        s.parse::<i64>().map_err(|_| TemplateError::NotAnInteger {
+            placeholder: inner.to_string(),
+            word: s.to_string(),
+        })
     };
     match words.as_slice() {
         ["index"] => Ok(Part::Index),
@@ -103,20 +128,19 @@ fn placeholder(inner: &str) -> Result<Part, String> {
         ["rand_int", lo, hi] => {
             let (lo, hi) = (int(lo)?, int(hi)?);
             if lo > hi {
-                return Err(format!("`{{{{{inner}}}}}`: {lo} is above {hi}"));
+                return Err(TemplateError::Reversed {
+                    placeholder: inner.to_string(),
+                    lo,
+                    hi,
+                });
             }
             Ok(Part::RandInt(lo, hi))
         }
         ["rand_string", n] => match n.parse::<usize>() {
             Ok(n) if n <= MAX_RAND_STRING => Ok(Part::RandString(n)),
-            _ => Err(format!(
-                "`{{{{{inner}}}}}`: the length must be a number from 0 to {MAX_RAND_STRING}"
-            )),
+            _ => Err(TemplateError::Length(inner.to_string())),
         },
-        _ => Err(format!(
-            "unknown placeholder `{{{{{inner}}}}}` (use {{{{index}}}}, {{{{worker}}}}, \
-             {{{{rand_int LO HI}}}} or {{{{rand_string N}}}})"
-        )),
+        _ => Err(TemplateError::Unknown(inner.to_string())),
     }
 }
 
@@ -162,7 +186,7 @@ mod tests {
             ("{{rand_string 99999999}}", "the length must be"),
             ("{{rand_int 1}}", "unknown placeholder"),
         ] {
-            let e = Template::parse(text).unwrap_err();
+            let e = Template::parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
     }

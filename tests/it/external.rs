@@ -20,22 +20,14 @@ fn echo_table(name: &str, client_suffix: &str) -> String {
 /// Runs `experiment` (expected to fail with exit code 1); returns its stdout, stderr, and the
 /// run directory's rows and failed-cells.txt.
 fn failing_run(experiment: &str) -> (String, String, Vec<faultrig::results::Row>, String) {
-    let scratch = tempdir();
-    let file = scratch.path().join("e.toml");
-    std::fs::write(&file, experiment).unwrap();
-    let out = scratch.path().join("out");
-    let o = faultrig(&[
-        "run",
-        file.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let ran = run_experiment_file(experiment, &[]);
+    let o = &ran.output;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     );
     assert_eq!(o.status.code(), Some(1), "{stdout}\n{stderr}");
-    let (dir, rows) = only_run(&out);
+    let (dir, rows) = only_run(&ran.out);
     let failed = std::fs::read_to_string(dir.join("failed-cells.txt")).unwrap_or_default();
     (stdout, stderr, rows, failed)
 }

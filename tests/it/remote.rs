@@ -95,21 +95,13 @@ fn a_remote_run_drives_the_proxy_host_through_its_api() {
 
 /// `faultrig run` of `experiment` expected to fail: its exit code, stderr, and how long it took.
 fn failing_run(experiment: &str) -> (i32, String, Duration) {
-    let scratch = tempdir();
-    let file = scratch.path().join("e.toml");
-    std::fs::write(&file, experiment).unwrap();
-    let out = scratch.path().join("out");
     let start = Instant::now();
-    let o = faultrig(&[
-        "run",
-        file.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let ran = run_experiment_file(experiment, &[]);
     let took = start.elapsed();
+    let o = &ran.output;
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     // Nothing was measured: no row in any CSV.
-    for dir in std::fs::read_dir(&out).into_iter().flatten().flatten() {
+    for dir in std::fs::read_dir(&ran.out).into_iter().flatten().flatten() {
         let rows = faultrig::results::read(&dir.path().join("results.csv")).unwrap_or_default();
         assert!(rows.is_empty(), "{stderr}");
     }

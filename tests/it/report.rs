@@ -238,27 +238,19 @@ fn the_json_summary_has_every_cell_the_findings_and_the_gates() {
 /// `run --assert`: the gates are checked after the report, which is written either way.
 #[test]
 fn a_run_fails_its_gates_after_writing_its_report() {
-    let scratch = tempdir();
-    let file = scratch.path().join("e.toml");
-    std::fs::write(
-        &file,
+    let ran = run_experiment_file(
         "profiles = [\"local\"]\nflavours = [\"tcp-binary\"]\nmodes = [\"single\", \"per-call\"]\n\
          calls = 5\nrounds = 1\n",
-    )
-    .unwrap();
-    let out = scratch.path().join("out");
-    let o = faultrig(&[
-        "run",
-        file.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--assert",
-        "failed == 0",
-        "--assert",
-        "conns > 1",
-        "--assert",
-        "per-call/single p99 < 1000",
-    ]);
+        &[
+            "--assert",
+            "failed == 0",
+            "--assert",
+            "conns > 1",
+            "--assert",
+            "per-call/single p99 < 1000",
+        ],
+    );
+    let o = &ran.output;
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert_eq!(o.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
@@ -277,7 +269,7 @@ fn a_run_fails_its_gates_after_writing_its_report() {
         "{stdout}"
     );
     assert!(stdout.contains("assert per-call/single p99 < 1000: holds in all 1 cells"));
-    let (dir, rows) = only_run(&out);
+    let (dir, rows) = only_run(&ran.out);
     assert_eq!(rows.len(), 2);
     assert!(dir.join("report.html").exists());
 }

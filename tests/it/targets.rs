@@ -49,6 +49,26 @@ fn bench(args: &[&str]) -> (String, Row) {
     (stdout, rows.remove(0))
 }
 
+/// `faultrig bench ARGS` in each of [`MODES`] with 3 workers and 12 calls: every call
+/// succeeds, the mode opens its connections, and the row names `flavour` and `workload`.
+/// Returns the rows, a mode's after the one before.
+fn bench_in_every_mode(args: &[&str], (flavour, workload): (&str, &str)) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (mode, conns) in MODES {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--mode", mode, "--concurrency", "3", "--calls", "12"]);
+        let (stdout, row) = bench(&all);
+        assert_eq!((row.calls, row.ok), (12, 12), "{all:?}: {stdout}");
+        assert_eq!(row.conns_opened, conns, "{all:?}: {stdout}");
+        assert_eq!(
+            (row.flavour.as_str(), row.workload.as_str()),
+            (flavour, workload)
+        );
+        rows.push(row);
+    }
+    rows
+}
+
 /// `faultrig bench ARGS` is refused with exit 2 before any load, saying `says`.
 fn refused(args: &[&str], says: &str) {
     let mut all = vec!["bench"];
@@ -71,18 +91,10 @@ fn a_foreign_grpc_service_by_proto_and_by_reflection_in_every_mode() {
     let data = r#"{"sku": "sku-{{index}}-{{rand_string 4}}", "quantity": {{rand_int 1 9}},
                    "unitPrice": {"currency": "EUR", "cents": {{worker}}}}"#;
     for schema in [&["--proto", PROTO][..], &["--reflect"][..]] {
-        for (mode, conns) in MODES {
-            let mut args = vec!["--flavour", "grpc", "--call", RESERVE, "--data", data];
-            args.extend_from_slice(schema);
-            args.extend_from_slice(&["--target", &server.addr, "--mode", mode]);
-            args.extend_from_slice(&["--concurrency", "3", "--calls", "12", "--seed", "7"]);
-            let (stdout, row) = bench(&args);
-            assert_eq!((row.calls, row.ok), (12, 12), "{schema:?} {mode}: {stdout}");
-            assert_eq!(row.conns_opened, conns, "{schema:?} {mode}: {stdout}");
-            assert_eq!(
-                (row.flavour.as_str(), row.workload.as_str()),
-                ("grpc", RESERVE)
-            );
+        let mut args = vec!["--flavour", "grpc", "--call", RESERVE, "--data", data];
+        args.extend_from_slice(schema);
+        args.extend_from_slice(&["--target", &server.addr, "--seed", "7"]);
+        for row in bench_in_every_mode(&args, ("grpc", RESERVE)) {
             assert_eq!(row.seed, 7);
         }
     }
@@ -248,27 +260,10 @@ fn a_foreign_http_endpoint_in_every_mode() {
         c
     });
     let url = format!("http://{}/items/{{{{index}}}}", server.addr);
-    for (mode, conns) in MODES {
-        let args = [
-            "--flavour",
-            "http",
-            "--url",
-            &url,
-            "--mode",
-            mode,
-            "--concurrency",
-            "3",
-            "--calls",
-            "12",
-        ];
-        let (stdout, row) = bench(&args);
-        assert_eq!((row.calls, row.ok), (12, 12), "{mode}: {stdout}");
-        assert_eq!(row.conns_opened, conns, "{mode}: {stdout}");
-        assert_eq!(
-            (row.flavour.as_str(), row.workload.as_str()),
-            ("http1", "GET /items/{{index}}")
-        );
-    }
+    bench_in_every_mode(
+        &["--flavour", "http", "--url", &url],
+        ("http1", "GET /items/{{index}}"),
+    );
     // A status other than the expected one is a protocol outcome; the expected one passes.
     let missing = format!("http://{}/missing", server.addr);
     let (stdout, row) = bench(&["--flavour", "http", "--url", &missing, "--calls", "3"]);
@@ -332,8 +327,8 @@ fn h2c_through_url_against_our_http2_server() {
     ]);
     let url = format!("http://{}/rig/Deduct", server.addr);
     let body = r#"{"sku": "w{{worker}}", "quantity": {{rand_int 1 3}}}"#;
-    for (mode, conns) in MODES {
-        let args = [
+    bench_in_every_mode(
+        &[
             "--flavour",
             "http",
             "--url",
@@ -343,21 +338,9 @@ fn h2c_through_url_against_our_http2_server() {
             body,
             "--header",
             "content-type: application/json",
-            "--mode",
-            mode,
-            "--concurrency",
-            "3",
-            "--calls",
-            "12",
-        ];
-        let (stdout, row) = bench(&args);
-        assert_eq!((row.calls, row.ok), (12, 12), "{mode}: {stdout}");
-        assert_eq!(row.conns_opened, conns, "{mode}: {stdout}");
-        assert_eq!(
-            (row.flavour.as_str(), row.workload.as_str()),
-            ("http2", "POST /rig/Deduct")
-        );
-    }
+        ],
+        ("http2", "POST /rig/Deduct"),
+    );
 }
 
 /// `[[targets]]` in an experiment file: the foreign gRPC service (by reflection) and HTTP

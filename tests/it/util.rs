@@ -294,8 +294,17 @@ pub fn only_run(out: &std::path::Path) -> (std::path::PathBuf, Vec<faultrig::res
     (dir, rows)
 }
 
-/// Writes `experiment` to a file, runs it with `extra` flags, asserts success, reads its CSV.
-pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
+/// A `faultrig run` of an experiment file written into a scratch directory, however it ended.
+pub struct Ran {
+    pub output: Output,
+    /// Its `--out` directory, inside `scratch`.
+    pub out: std::path::PathBuf,
+    pub scratch: tempfile::TempDir,
+}
+
+/// Writes `experiment` to a file in a scratch directory and runs it with `extra` flags, its
+/// output going into that directory too; asserts nothing.
+pub fn run_experiment_file(experiment: &str, extra: &[&str]) -> Ran {
     let scratch = tempdir();
     let file = scratch.path().join("experiment.toml");
     std::fs::write(&file, experiment).unwrap();
@@ -307,7 +316,22 @@ pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
         out.to_str().unwrap(),
     ];
     args.extend(extra);
-    let stdout = succeeded(&faultrig(&args));
+    let output = faultrig(&args);
+    Ran {
+        output,
+        out,
+        scratch,
+    }
+}
+
+/// Writes `experiment` to a file, runs it with `extra` flags, asserts success, reads its CSV.
+pub fn run_experiment(experiment: &str, extra: &[&str]) -> FinishedRun {
+    let Ran {
+        output,
+        out,
+        scratch,
+    } = run_experiment_file(experiment, extra);
+    let stdout = succeeded(&output);
     let (dir, rows) = only_run(&out);
     FinishedRun {
         stdout,

@@ -155,7 +155,7 @@ fn parse_attribute(s: &str) -> Result<(String, Value), String> {
 }
 
 /// `ctl`'s arguments, checked: the API's address resolved, the request built.
-pub struct Ctl {
+pub(crate) struct Ctl {
     api: String,
     json: bool,
     step: Step,
@@ -175,7 +175,7 @@ enum Step {
 }
 
 impl CtlArgs {
-    pub fn validate(self) -> Result<Ctl, CliError> {
+    pub(crate) fn validate(self) -> Result<Ctl, CliError> {
         let api = api_address(self.api)?;
         let step = step(self.action)?;
         Ok(Ctl {

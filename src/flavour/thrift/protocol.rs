@@ -11,19 +11,19 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use crate::rig::pb;
 
 /// Thrift's type tags (`TType`).
-pub const STOP: u8 = 0;
-pub const BOOL: u8 = 2;
-pub const BYTE: u8 = 3;
-pub const DOUBLE: u8 = 4;
-pub const I16: u8 = 6;
-pub const I32: u8 = 8;
-pub const I64: u8 = 10;
-pub const STRING: u8 = 11;
-pub const STRUCT: u8 = 12;
-pub const MAP: u8 = 13;
-pub const SET: u8 = 14;
-pub const LIST: u8 = 15;
-pub const UUID: u8 = 16;
+pub(crate) const STOP: u8 = 0;
+pub(crate) const BOOL: u8 = 2;
+pub(crate) const BYTE: u8 = 3;
+pub(crate) const DOUBLE: u8 = 4;
+pub(crate) const I16: u8 = 6;
+pub(crate) const I32: u8 = 8;
+pub(crate) const I64: u8 = 10;
+pub(crate) const STRING: u8 = 11;
+pub(crate) const STRUCT: u8 = 12;
+pub(crate) const MAP: u8 = 13;
+pub(crate) const SET: u8 = 14;
+pub(crate) const LIST: u8 = 15;
+pub(crate) const UUID: u8 = 16;
 
 /// Strict binary protocol, version 1, in the envelope's first word.
 const VERSION_1: u32 = 0x8001_0000;
@@ -51,7 +51,7 @@ fn min_encoded_size(ttype: u8) -> usize {
 
 /// What a message is (`TMessageType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MessageType {
+pub(crate) enum MessageType {
     Call = 1,
     Reply = 2,
     Exception = 3,
@@ -74,7 +74,7 @@ impl MessageType {
 /// its call. The name is borrowed when writing (a call's or the request's own), so a call
 /// allocates nothing for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Envelope<'a> {
+pub(crate) struct Envelope<'a> {
     pub kind: MessageType,
     pub name: std::borrow::Cow<'a, str>,
     pub seq_id: i32,
@@ -92,7 +92,7 @@ pub struct ThriftError {
 }
 
 impl ThriftError {
-    pub fn malformed(message: impl Into<String>) -> ThriftError {
+    pub(crate) fn malformed(message: impl Into<String>) -> ThriftError {
         ThriftError {
             message: message.into(),
             malformed: true,
@@ -106,25 +106,25 @@ fn err<T>(text: impl Into<String>) -> Result<T, ThriftError> {
 
 /// `TApplicationException` type codes.
 pub mod app_error {
-    pub const UNKNOWN_METHOD: i32 = 1;
+    pub(crate) const UNKNOWN_METHOD: i32 = 1;
     pub const INVALID_MESSAGE_TYPE: i32 = 2;
     pub const BAD_SEQUENCE_ID: i32 = 4;
     pub const MISSING_RESULT: i32 = 5;
-    pub const INTERNAL_ERROR: i32 = 6;
-    pub const PROTOCOL_ERROR: i32 = 7;
+    pub(crate) const INTERNAL_ERROR: i32 = 6;
+    pub(crate) const PROTOCOL_ERROR: i32 = 7;
 }
 
 /// Thrift's `TApplicationException { 1: string message, 2: i32 type }`: how a server reports a
 /// failed call that the service's IDL declares no exception for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ApplicationException {
+pub(crate) struct ApplicationException {
     pub message: String,
     pub kind: i32,
 }
 
 /// A record with a Thrift struct encoding. Implemented for every message of `proto/*.proto` by
 /// code that `build.rs` generates from the same descriptors as the protobuf types.
-pub trait ThriftStruct: Sized {
+pub(crate) trait ThriftStruct: Sized {
     fn write(&self, w: &mut Writer<'_>);
     fn read(r: &mut Reader) -> Result<Self, ThriftError>;
 }
@@ -154,7 +154,7 @@ impl ThriftStruct for ApplicationException {
 }
 
 /// Appends Thrift to a buffer.
-pub struct Writer<'a> {
+pub(crate) struct Writer<'a> {
     buf: &'a mut BytesMut,
 }
 
@@ -164,14 +164,14 @@ impl<'a> Writer<'a> {
     }
 
     /// The strict envelope: version and type, method name, sequence id.
-    pub fn envelope(&mut self, e: &Envelope<'_>) {
+    pub(crate) fn envelope(&mut self, e: &Envelope<'_>) {
         self.buf.put_u32(VERSION_1 | e.kind as u32);
         self.put_bytes(e.name.as_bytes());
         self.buf.put_i32(e.seq_id);
     }
 
     /// A struct with one field, `id`: a call's arguments (id 1) or a reply's result (id 0).
-    pub fn single_field_struct(&mut self, id: i16, value: &impl ThriftStruct) {
+    pub(crate) fn single_field_struct(&mut self, id: i16, value: &impl ThriftStruct) {
         self.field_struct(id, value);
         self.stop();
     }
@@ -191,37 +191,37 @@ impl<'a> Writer<'a> {
         self.buf.put_slice(b);
     }
 
-    pub fn field_i64(&mut self, id: i16, v: &(impl Copy + Into<i64>)) {
+    pub(crate) fn field_i64(&mut self, id: i16, v: &(impl Copy + Into<i64>)) {
         self.header(I64, id);
         self.buf.put_i64((*v).into());
     }
 
-    pub fn field_i32(&mut self, id: i16, v: &i32) {
+    pub(crate) fn field_i32(&mut self, id: i16, v: &i32) {
         self.header(I32, id);
         self.buf.put_i32(*v);
     }
 
-    pub fn field_double(&mut self, id: i16, v: &f64) {
+    pub(crate) fn field_double(&mut self, id: i16, v: &f64) {
         self.header(DOUBLE, id);
         self.buf.put_f64(*v);
     }
 
-    pub fn field_bool(&mut self, id: i16, v: &bool) {
+    pub(crate) fn field_bool(&mut self, id: i16, v: &bool) {
         self.header(BOOL, id);
         self.buf.put_u8(u8::from(*v));
     }
 
-    pub fn field_string(&mut self, id: i16, v: &str) {
+    pub(crate) fn field_string(&mut self, id: i16, v: &str) {
         self.header(STRING, id);
         self.put_bytes(v.as_bytes());
     }
 
-    pub fn field_binary(&mut self, id: i16, v: &[u8]) {
+    pub(crate) fn field_binary(&mut self, id: i16, v: &[u8]) {
         self.header(STRING, id);
         self.put_bytes(v);
     }
 
-    pub fn field_struct(&mut self, id: i16, v: &impl ThriftStruct) {
+    pub(crate) fn field_struct(&mut self, id: i16, v: &impl ThriftStruct) {
         self.header(STRUCT, id);
         v.write(self);
     }
@@ -232,14 +232,14 @@ impl<'a> Writer<'a> {
         self.buf.put_i32(len as i32);
     }
 
-    pub fn list_i64(&mut self, id: i16, v: &[impl Copy + Into<i64>]) {
+    pub(crate) fn list_i64(&mut self, id: i16, v: &[impl Copy + Into<i64>]) {
         self.list_header(id, I64, v.len());
         for x in v {
             self.buf.put_i64((*x).into());
         }
     }
 
-    pub fn list_string(&mut self, id: i16, v: &[String]) {
+    pub(crate) fn list_string(&mut self, id: i16, v: &[String]) {
         self.list_header(id, STRING, v.len());
         for x in v {
             self.put_bytes(x.as_bytes());
@@ -279,7 +279,7 @@ impl Reader {
 
     /// The envelope, strict (versioned) or the old unversioned form, which Thrift readers
     /// accept by default.
-    pub fn envelope(&mut self) -> Result<Envelope<'static>, ThriftError> {
+    pub(crate) fn envelope(&mut self) -> Result<Envelope<'static>, ThriftError> {
         self.need(4, "message header")?;
         let first = self.buf.get_u32();
         let (kind, name) = if first & 0x8000_0000 != 0 {
@@ -307,7 +307,7 @@ impl Reader {
     }
 
     /// The next field's type and id, or `None` at the struct's end.
-    pub fn field_header(&mut self) -> Result<Option<(u8, i16)>, ThriftError> {
+    pub(crate) fn field_header(&mut self) -> Result<Option<(u8, i16)>, ThriftError> {
         self.need(1, "field type")?;
         let ttype = self.buf.get_u8();
         if ttype == STOP {
@@ -318,7 +318,7 @@ impl Reader {
     }
 
     /// Called on entering a struct: bounds the nesting.
-    pub fn enter(&mut self) -> Result<(), ThriftError> {
+    pub(crate) fn enter(&mut self) -> Result<(), ThriftError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
             return err(format!("structs nested deeper than {MAX_DEPTH}"));
@@ -330,13 +330,13 @@ impl Reader {
         self.depth -= 1;
     }
 
-    pub fn read_struct<T: ThriftStruct>(&mut self) -> Result<T, ThriftError> {
+    pub(crate) fn read_struct<T: ThriftStruct>(&mut self) -> Result<T, ThriftError> {
         T::read(self)
     }
 
     /// A struct holding one wanted field, `id`, of a struct type (a call's arguments, a reply's
     /// result); other fields are skipped. `None` when the field is absent.
-    pub fn single_field_struct<T: ThriftStruct>(
+    pub(crate) fn single_field_struct<T: ThriftStruct>(
         &mut self,
         id: i16,
     ) -> Result<Option<T>, ThriftError> {
@@ -368,7 +368,7 @@ impl Reader {
         Ok(self.buf.get_i64())
     }
 
-    pub fn double(&mut self) -> Result<f64, ThriftError> {
+    pub(crate) fn double(&mut self) -> Result<f64, ThriftError> {
         self.need(8, "double")?;
         Ok(self.buf.get_f64())
     }
@@ -400,7 +400,7 @@ impl Reader {
     }
 
     /// A list whose elements must be `elem`, each read by `read`.
-    pub fn list_of<T>(
+    pub(crate) fn list_of<T>(
         &mut self,
         elem: u8,
         mut read: impl FnMut(&mut Reader) -> Result<T, ThriftError>,
@@ -488,7 +488,7 @@ impl Reader {
 }
 
 /// Converts a wire value into a record's field, refusing values the field cannot hold.
-pub trait IntoField<T> {
+pub(crate) trait IntoField<T> {
     fn into_field(self) -> Result<T, ThriftError>;
 }
 
