@@ -92,6 +92,9 @@ pub(crate) struct Http2Connection {
     /// Cloned per call: each clone opens its own stream on the one connection.
     sender: h2::client::SendRequest<Bytes>,
     connection: CallerDriven<Connection>,
+    /// `write_pattern = "split"`: a request's HEADERS are written before its body is handed
+    /// to the stream, so they leave in a write of their own.
+    headers_apart: bool,
 }
 
 impl Http2Connection {
@@ -110,6 +113,7 @@ impl Http2Connection {
         Ok(Http2Connection {
             sender,
             connection: CallerDriven::new(connection),
+            headers_apart: wire.socket.write_pattern == super::WritePattern::Split,
         })
     }
 
@@ -148,6 +152,10 @@ impl Http2Connection {
                     .send_request(Request::from_parts(head, ()), end)
                     .map_err(|e| CallError::classify(&e))?;
                 if !end {
+                    if self.headers_apart {
+                        // Pending once: `drive` polls the connection, which writes the HEADERS.
+                        tokio::task::yield_now().await;
+                    }
                     // Buffered by the stream, sent as flow control allows (our bodies fit the
                     // initial windows).
                     send.send_data(body, true)
