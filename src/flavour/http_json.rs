@@ -499,3 +499,77 @@ impl Client for JsonClient {
         self.connection.multiplexed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flavour::Failure;
+    use crate::workload::{Generator, Workload};
+
+    fn response(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+        Response::builder()
+            .status(status)
+            .body(Full::new(body.into()))
+            .unwrap()
+    }
+
+    fn checked(call: &Call, sent: &Bytes, reply: Response<Full<Bytes>>) -> Result<(), CallError> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(checked_reply(call, sent, reply))
+    }
+
+    /// The byte comparison is a shortcut, never a looser check: a reply with other bytes is
+    /// decoded and judged as a message.
+    #[test]
+    fn an_echo_is_checked_by_its_bytes_or_else_by_its_message() {
+        let g = Generator::new(Workload::Order, 3);
+        let call = g.call(7);
+        let requests = Requests::new("127.0.0.1:1", false).unwrap();
+        let (request, sent) = requests.request(&call);
+        assert_eq!(request.uri(), "/rig/EchoOrder");
+        assert_eq!(request.headers()[header::HOST], "127.0.0.1:1");
+
+        // The very bytes sent.
+        assert!(checked(&call, &sent, response(StatusCode::OK, sent.clone())).is_ok());
+        // The same message written another way (spaces, fields reordered): decoded, equal.
+        let value: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+        let mut fields: Vec<_> = value.as_object().unwrap().iter().collect();
+        fields.reverse();
+        let respelled = format!(
+            "{{ {} }}",
+            fields
+                .iter()
+                .map(|(k, v)| format!("\"{k}\" : {v}"))
+                .collect::<Vec<_>>()
+                .join(" , ")
+        );
+        assert_ne!(respelled.as_bytes(), &sent[..]);
+        assert!(checked(&call, &sent, response(StatusCode::OK, respelled)).is_ok());
+        // Another call's order: a protocol failure, as is JSON that is not an order.
+        let other = Bytes::from(g.call(8).encode_json());
+        let e = checked(&call, &sent, response(StatusCode::OK, other)).unwrap_err();
+        assert_eq!(e.kind, Failure::Protocol, "{e}");
+        let e = checked(&call, &sent, response(StatusCode::OK, "[]")).unwrap_err();
+        assert_eq!(e.kind, Failure::Protocol, "{e}");
+        // A refusal is the server's word, whatever its body.
+        let e = checked(
+            &call,
+            &sent,
+            response(StatusCode::BAD_REQUEST, sent.clone()),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, Failure::Other, "{e}");
+    }
+
+    #[test]
+    fn http2_requests_carry_the_authority_in_the_uri() {
+        let call = Generator::new(Workload::Deduct, 1).call(0);
+        let (request, _) = Requests::new("10.0.0.1:8080", true).unwrap().request(&call);
+        assert_eq!(request.uri(), "http://10.0.0.1:8080/rig/Deduct");
+        assert!(!request.headers().contains_key(header::HOST));
+        // Once per connection, as an error: never a panic per call.
+        assert!(Requests::new("not an authority", true).is_err());
+    }
+}
