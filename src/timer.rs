@@ -4,7 +4,8 @@
 //! 100 µs LAN delay into about a millisecond. This timer keeps absolute deadlines, ordered, on
 //! one dedicated thread that sleeps on a condition variable with the kernel's timer slack set to
 //! 1 ns (so the sleep is an hrtimer), and wakes the waiting task a *lead* time before its
-//! deadline; the task spins the rest itself.
+//! deadline; the task spins the rest itself, yielding to the other tasks of its thread between
+//! looks at the clock.
 //!
 //! The lead adapts. What makes a wake-up late is mostly not the timer but the CPU: a worker that
 //! has been idle for milliseconds sits in a deep idle state (on a VM, a halted vCPU) and takes
@@ -90,10 +91,14 @@ impl Future for PreciseSleep {
         }
         let lead = lead();
         if self.deadline - now <= lead {
-            while Instant::now() < self.deadline {
-                std::hint::spin_loop();
-            }
-            return Poll::Ready(());
+            // The rest of the way is spun, but through the scheduler: the task wakes itself
+            // and goes to the back of the run queue, so every other ready task of this thread
+            // runs between two looks at the clock. Spinning inside `poll` held them all up
+            // for as long as the lead (up to MAX_LEAD): their wake-ups were measured late, the
+            // lead grew, and the spins with it (16 open-loop workers at 5 000 calls/s showed
+            // a p50 of 2.8 ms against a server that answers in 0.1 ms).
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         let wake_at = self.deadline - lead;
         let key = TimerThread::get().register(wake_at, cx.waker().clone());
@@ -329,5 +334,31 @@ mod tests {
             live < before + 1000,
             "{before} entries before, {live} with one live sleep"
         );
+    }
+
+    /// A sleep in its last stretch (within the lead, where it spins) lets the other futures of
+    /// its task and thread run: it used to spin inside `poll`, holding up every other task of
+    /// its thread until its deadline. Three tries, one needed: a try only fails if this thread
+    /// is preempted past the whole deadline before its first look at the clock.
+    #[test]
+    fn a_spinning_sleep_lets_the_rest_of_its_thread_run() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let others_ran_first = (0..3).any(|_| {
+            // Make the lead long (it adapts back down) and the deadline well inside it.
+            observe_lateness(MAX_LEAD);
+            let ran = std::cell::Cell::new(false);
+            runtime.block_on(async {
+                let deadline = Instant::now() + lead() / 2;
+                let sleeper = async {
+                    sleep_until(deadline).await;
+                    ran.get()
+                };
+                let other = async { ran.set(true) };
+                tokio::join!(sleeper, other).0
+            })
+        });
+        assert!(others_ran_first, "the spin held up the rest of its task");
     }
 }
