@@ -347,7 +347,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
                 if phase.deadline.is_some_and(|d| due >= d) {
                     break;
                 }
-                crate::timer::sleep_until(due).await;
+                crate::timer::sleep_until_yielding(due).await;
                 due
             }
             None => {
