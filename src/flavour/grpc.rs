@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Collected, Full, Limited};
+use http_body_util::{BodyExt, Collected, Limited};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
@@ -112,7 +112,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for GrpcConnection {
                 .await
                 .map_err(|s| status_error(&s))?
                 .to_bytes();
-            let request = http::Request::from_parts(head, Full::new(body));
+            let request = http::Request::from_parts(head, body);
             connection
                 .exchange(request, |response| async move {
                     let (head, body) = response.into_parts();

@@ -5,8 +5,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
-use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
@@ -121,18 +119,13 @@ impl Http2Connection {
     /// URI must be absolute: scheme and authority become pseudo-headers.
     pub(crate) async fn exchange<T, F>(
         &self,
-        request: Request<Full<Bytes>>,
+        request: Request<Bytes>,
         read: impl FnOnce(Response<ReplyBody>) -> F,
     ) -> Result<T, CallError>
     where
         F: std::future::Future<Output = Result<T, CallError>>,
     {
         let (mut head, body) = request.into_parts();
-        let body = body
-            .collect()
-            .await
-            .unwrap_or_else(|never| match never {})
-            .to_bytes();
         // As hyper does: a body's length is announced.
         if !body.is_empty() {
             head.headers

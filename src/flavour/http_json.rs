@@ -191,11 +191,8 @@ impl Requests {
     /// The request for `call`, and its body (kept to check an echo's reply against).
     pub fn request(&self, call: &Call) -> (Request<Full<Bytes>>, Bytes) {
         let op = call.operation();
-        let uri = Operation::ALL
-            .iter()
-            .position(|o| *o == op)
-            .map(|i| self.uris[i].clone())
-            .expect("ALL holds every operation");
+        // `ALL` lists the operations in declaration order.
+        let uri = self.uris[op as usize].clone();
         let body = Bytes::from(call.encode_json());
         let mut request = Request::new(Full::new(body.clone()));
         *request.method_mut() = Method::POST;
@@ -435,7 +432,16 @@ impl HttpConnection {
     {
         match self {
             HttpConnection::Http1(c) => c.exchange(request, read).await,
-            HttpConnection::Http2(c) => c.exchange(request, read).await,
+            HttpConnection::Http2(c) => {
+                // A `Full` body is its one chunk, there at once.
+                let (head, body) = request.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .unwrap_or_else(|e| match e {})
+                    .to_bytes();
+                c.exchange(Request::from_parts(head, body), read).await
+            }
         }
     }
 
@@ -569,6 +575,20 @@ mod tests {
         let (request, _) = Requests::new("10.0.0.1:8080", true).unwrap().request(&call);
         assert_eq!(request.uri(), "http://10.0.0.1:8080/rig/Deduct");
         assert!(!request.headers().contains_key(header::HOST));
+        let requests = Requests::new("h:1", false).unwrap();
+        for w in [
+            Workload::Order,
+            Workload::Blob(128),
+            Workload::Wide,
+            Workload::Deduct,
+        ] {
+            let call = Generator::new(w, 1).call(0);
+            let (request, _) = requests.request(&call);
+            assert_eq!(
+                request.uri().path(),
+                format!("/rig/{}", call.operation().name())
+            );
+        }
         // Once per connection, as an error: never a panic per call.
         assert!(Requests::new("not an authority", true).is_err());
     }
