@@ -72,22 +72,57 @@ fn significant_misses(dir: &Path) -> Vec<(String, &'static str, String)> {
     significant
 }
 
-/// Runs `calibrate --quick` (on `workloads`, or all of them) into `dir`; its stdout.
-fn quick(dir: &Path, workloads: Option<&str>) -> String {
-    let mut args = vec!["calibrate", "--quick", "--out", dir.to_str().unwrap()];
+/// Runs `calibrate` with `args` (on `workloads`, or all those `args` name) into `dir`; its
+/// stdout.
+fn calibrate(args: &[&str], dir: &Path, workloads: Option<&str>) -> String {
+    let mut all = vec!["calibrate", "--out", dir.to_str().unwrap()];
+    all.extend(args);
     if let Some(w) = workloads {
-        args.extend(["--workloads", w]);
+        all.extend(["--workloads", w]);
     }
-    let out = faultrig(&args);
+    let out = faultrig(&all);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{stdout}");
-    // Exit 1 is a verdict (a cell out of tolerance), judged below; anything else is a failure.
+    // Exit 1 is a verdict (a cell out of tolerance), judged by `assert_fidelity`; anything else
+    // is a failure.
     assert!(
         matches!(out.status.code(), Some(0 | 1)),
         "calibrate failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// The model's fidelity in the run `calibrate(args, dir, None)` printed as `stdout`.
+///
+/// The run's own verdict (and exit code) uses the point ratios; on a shared machine a tail
+/// quantile moves by more than the tolerance from run to run (a p90 that falls in the gap
+/// between one- and two-round-trip calls, a 4-second bulk flow, a p99 of 200 calls that is their
+/// second-slowest, which one late wake-up of either engine decides). A cell fails when it is out
+/// of tolerance beyond sampling noise (its whole bootstrap 95 % interval lies outside the band)
+/// in this run and again when its workload is run a second time: a model defect repeats, a busy
+/// moment of the machine does not.
+fn assert_fidelity(args: &[&str], dir: &Path, stdout: &str) {
+    let first = significant_misses(dir);
+    if first.is_empty() {
+        return;
+    }
+    let mut workloads: Vec<&str> = first.iter().map(|(w, _, _)| w.as_str()).collect();
+    workloads.dedup();
+    println!("significant misses {first:?}; running {workloads:?} again");
+    let again = tempdir();
+    let stdout_again = calibrate(args, again.path(), Some(&workloads.join(",")));
+    let second = significant_misses(again.path());
+    let repeated: Vec<&String> = first
+        .iter()
+        .filter(|(w, s, _)| second.iter().any(|(w2, s2, _)| w2 == w && s2 == s))
+        .map(|(_, _, d)| d)
+        .collect();
+    assert!(
+        repeated.is_empty(),
+        "the model is out of tolerance beyond sampling noise, twice: {repeated:?} \
+         (second run: {second:?})\n{stdout}\n{stdout_again}"
+    );
 }
 
 // Wall-clock latencies of the kernel engine move when other tests load the two cores (a p90 of
@@ -100,7 +135,7 @@ fn quick_suite_model_within_tolerance_of_the_kernel() {
         return;
     }
     let dir = tempdir();
-    let stdout = quick(dir.path(), None);
+    let stdout = calibrate(&["--quick"], dir.path(), None);
     // What the run must produce whatever the model's fidelity: every quick workload for both
     // engines and their ratios, and the page.
     let rows = csv_rows(dir.path());
@@ -118,36 +153,13 @@ fn quick_suite_model_within_tolerance_of_the_kernel() {
         QUICK_WORKLOADS.len(),
         "one CDF plot each"
     );
-    // The model's fidelity. The run's verdict (and exit code) uses the point ratios; on a
-    // shared machine a p90 that falls in the gap between one- and two-round-trip calls, or a
-    // 4-second bulk flow, moves by more than the tolerance from run to run. A cell fails when
-    // it is out of tolerance beyond sampling noise (its whole bootstrap 95 % interval lies
-    // outside the band) in this run and again when its workload is run a second time: a
-    // model defect repeats, a busy moment of the machine does not.
-    let first = significant_misses(dir.path());
-    if first.is_empty() {
-        return;
-    }
-    let mut workloads: Vec<&str> = first.iter().map(|(w, _, _)| w.as_str()).collect();
-    workloads.dedup();
-    println!("significant misses {first:?}; running {workloads:?} again");
-    let again = tempdir();
-    let stdout_again = quick(again.path(), Some(&workloads.join(",")));
-    let second = significant_misses(again.path());
-    let repeated: Vec<&String> = first
-        .iter()
-        .filter(|(w, s, _)| second.iter().any(|(w2, s2, _)| w2 == w && s2 == s))
-        .map(|(_, _, d)| d)
-        .collect();
-    assert!(
-        repeated.is_empty(),
-        "the model is out of tolerance beyond sampling noise, twice: {repeated:?} \
-         (second run: {second:?})\n{stdout}\n{stdout_again}"
-    );
+    assert_fidelity(&["--quick"], dir.path(), &stdout);
 }
 
 // The kernel's tail is wall-clock time too: with the other tests on both cores its p99 of
-// one-segment calls went from 20.4 to 28 ms (CI, a460764) while the model's stayed at 21.
+// one-segment calls went from 20.4 to 28 ms (CI, a460764) while the model's stayed at 21; and
+// the model's is as well: alone, on a busy CI machine, it went to 26.2 ms (98deb03) while the
+// kernel's stayed at 21, its p50 and p90 agreeing within 3 %.
 #[test]
 #[ignore = "timing: runs alone, after the other tests (scripts/test.sh does)"]
 fn one_segment_calls_on_a_clean_path_agree() {
@@ -155,26 +167,16 @@ fn one_segment_calls_on_a_clean_path_agree() {
         return;
     }
     let dir = tempdir();
-    let out = faultrig(&[
-        "calibrate",
-        "--workloads",
-        "order",
-        "--calls",
-        "200",
-        "--profiles",
-        "clean-10ms",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
-    let stdout = succeeded(&out);
+    let args = ["--calls", "200", "--profiles", "clean-10ms"];
+    let stdout = calibrate(&args, dir.path(), Some("order"));
     assert!(stdout.contains("clean-10ms"), "{stdout}");
-    let order = stdout
-        .lines()
-        .find(|l| l.starts_with("order"))
-        .unwrap_or_else(|| panic!("no order row: {stdout}"));
-    assert!(order.ends_with("| ok"), "{order}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("order")),
+        "no order row: {stdout}"
+    );
     let rows = csv_rows(dir.path());
     assert_eq!(rows.len(), 3, "model, kernel and ratio rows: {rows:?}");
+    assert_fidelity(&args, dir.path(), &stdout);
 }
 
 #[test]
