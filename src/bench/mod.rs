@@ -329,6 +329,11 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
     };
     let stride = spec.concurrency.max(1) as u64;
     let mut striped = id as u64;
+    // One timer for all of a worker's calls, pushed later before each: moving a registered
+    // deadline later is an atomic store in tokio, where a `timeout` per call took the timer
+    // wheel's lock to register and again to cancel.
+    let limit = tokio::time::sleep(spec.timeout);
+    tokio::pin!(limit);
     loop {
         let index = match phase.limit {
             Some(limit) => {
@@ -359,19 +364,22 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
             }
         };
         let mut leased = None;
-        let result = tokio::time::timeout(spec.timeout, async {
+        limit
+            .as_mut()
+            .reset(tokio::time::Instant::now() + spec.timeout);
+        let call = async {
             let lease = phase.connections.lease(id).await?;
             let session = lease.session.clone();
             leased = Some(lease);
             session.call(index, id).await
-        })
-        .await;
-        let outcome = match result {
-            Err(_) => Err(CallError::new(
+        };
+        let outcome = tokio::select! {
+            biased;
+            checked = call => checked,
+            () = limit.as_mut() => Err(CallError::new(
                 Failure::Timeout,
                 format!("no reply within {:?}", spec.timeout),
             )),
-            Ok(checked) => checked,
         };
         match outcome {
             Ok(()) => {

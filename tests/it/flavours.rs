@@ -209,8 +209,9 @@ async fn failures_are_counted_by_kind() {
             out.summary(&s)
         );
 
+        // Two calls for each of the three workers: a worker's limit, once spent, is armed again.
         let mut s = spec(flavour, silent, Mode::PerWorker, Workload::Order);
-        s.stop = Stop::Calls(3);
+        s.stop = Stop::Calls(6);
         s.timeout = Duration::from_millis(300);
         let out = bench::run(&s).await;
         assert!(
@@ -229,4 +230,22 @@ async fn failures_are_counted_by_kind() {
             out.summary(&s)
         );
     }
+}
+
+/// A worker's call limit is one timer pushed later before each call: over a run several times
+/// the limit long, no call that is answered promptly is counted as timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_limit_runs_from_each_call() {
+    let served = server(&flavour::tcp_binary::TcpBinary).await;
+    let mut s = spec(
+        &flavour::tcp_binary::TcpBinary,
+        served.addr(),
+        Mode::PerWorker,
+        Workload::Order,
+    );
+    s.timeout = Duration::from_millis(200);
+    s.stop = Stop::Duration(Duration::from_millis(1200));
+    let out = bench::run(&s).await;
+    assert!(out.ok > 100, "{}", out.summary(&s));
+    assert_eq!(out.failed(), 0, "{}", out.summary(&s));
 }
