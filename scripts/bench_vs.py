@@ -13,8 +13,11 @@ busy spell of this shared machine lands on every path alike):
 
 For each of 1 (sequential), 16 and 64 connections (one worker per connection, order calls),
 `faultrig bench` runs for the given seconds. Printed: calls/s and p50 per path (mean over rounds),
-each proxy's calls/s as a ratio to the peer's, and the p50 each adds over direct. Everything runs
-on 127.0.0.1 and every process started here is killed at exit.
+each proxy's calls/s as a ratio to the peer's, the p50 each adds over direct, and the CPU time the
+proxy's process spent per call, user and kernel (from /proc/PID/stat over the bench, warm-up
+included, divided by the calls that window carried at the measured rate): on a machine that the
+client, the server and the proxy share, that is what decides the calls/s. Everything runs on
+127.0.0.1 and every process started here is killed at exit.
 """
 
 import argparse
@@ -33,11 +36,12 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTRIG = os.path.join(ROOT, "target", "release", "faultrig")
 CONNECTIONS = [1, 16, 64]
+WARMUP_S = 0.3
 children = []
 
 
 def start(args, announce=r"listening on (\S+)"):
-    """Starts a process that announces its address on stdout; returns that address."""
+    """Starts a process that announces its address on stdout; returns that address and its pid."""
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     children.append(p)
     deadline = time.time() + 30
@@ -47,7 +51,7 @@ def start(args, announce=r"listening on (\S+)"):
             break
         m = re.search(announce, line)
         if m:
-            return m.group(1)
+            return m.group(1), p.pid
     sys.exit(f"bench_vs: {args[0]} did not announce its address")
 
 
@@ -83,16 +87,32 @@ def toxiproxy_proxy(api, name, upstream):
     return got.get("listen", listen)
 
 
-def bench(target, connections, seconds, out):
+def cpu_seconds(pid):
+    """(user, kernel) CPU seconds of a process, all its threads, so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def bench(target, connections, seconds, out, proxy_pid):
+    """calls/s, p50 µs, and the proxy's (user, kernel) CPU µs per call (None for direct)."""
+    before = cpu_seconds(proxy_pid) if proxy_pid else None
     subprocess.run([FAULTRIG, "bench", "--flavour", "tcp-binary", "--target", target,
                     "--mode", "per-worker", "--concurrency", str(connections),
-                    "--duration", f"{seconds}s", "--warmup", "300ms", "--csv", out],
+                    "--duration", f"{seconds}s", "--warmup", f"{WARMUP_S}s", "--csv", out],
                    check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         row = list(csv.DictReader(f))[-1]
     if int(row["failed"]) > 0:
         sys.exit(f"bench_vs: {row['failed']} calls failed against {target}")
-    return float(row["throughput_rps"]), int(row["lat_p50_us"])
+    rate = float(row["throughput_rps"])
+    cpu = None
+    if before:
+        after = cpu_seconds(proxy_pid)
+        carried = rate * (seconds + WARMUP_S)
+        cpu = tuple((a - b) / carried * 1e6 for a, b in zip(after, before))
+    return rate, int(row["lat_p50_us"]), cpu
 
 
 def main():
@@ -105,15 +125,17 @@ def main():
     if not os.access(peer_path, os.X_OK):
         sys.exit(f"bench_vs: --vs {peer_name}: {peer_path} is not an executable")
 
-    server = start([FAULTRIG, "serve", "--flavour", "tcp-binary", "--listen", "127.0.0.1:0"])
-    paths = {"direct": server}
+    server, _ = start([FAULTRIG, "serve", "--flavour", "tcp-binary", "--listen", "127.0.0.1:0"])
+    # path -> (address, pid of the process that proxies it)
+    paths = {"direct": (server, None)}
     paths["copy"] = start([FAULTRIG, "proxy", "--listen", "127.0.0.1:0", "--upstream", server,
                            "--profile", "local"])
     ours = f"127.0.0.1:{free_port()}"
-    start([FAULTRIG, "proxy", "--api", ours], announce=r"control API listening on (\S+)")
+    _, api_pid = start([FAULTRIG, "proxy", "--api", ours],
+                       announce=r"control API listening on (\S+)")
     wait_for(ours)
-    paths["api"] = toxiproxy_proxy(ours, "plain", server)
-    paths["api+latency0"] = toxiproxy_proxy(ours, "scheduled", server)
+    paths["api"] = (toxiproxy_proxy(ours, "plain", server), api_pid)
+    paths["api+latency0"] = (toxiproxy_proxy(ours, "scheduled", server), api_pid)
     rest(ours, "POST", "/proxies/scheduled/toxics",
          {"type": "latency", "stream": "downstream", "attributes": {"latency": 0}})
     theirs = f"127.0.0.1:{free_port()}"
@@ -122,15 +144,15 @@ def main():
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children.append(p)
     wait_for(theirs)
-    paths[peer_name] = toxiproxy_proxy(theirs, "plain", server)
+    paths[peer_name] = (toxiproxy_proxy(theirs, "plain", server), p.pid)
 
     results = {(n, c): [] for n in paths for c in CONNECTIONS}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.csv")
         for r in range(a.rounds):
             for c in CONNECTIONS:
-                for n, target in paths.items():
-                    results[(n, c)].append(bench(target, c, a.seconds, out))
+                for n, (target, pid) in paths.items():
+                    results[(n, c)].append(bench(target, c, a.seconds, out, pid))
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr)
 
     print(f"proxies side by side: tcp-binary order calls, {a.rounds} alternating rounds of "
@@ -138,15 +160,23 @@ def main():
     for c in CONNECTIONS:
         label = "sequential (1 connection)" if c == 1 else f"{c} connections"
         print(f"\n{label}")
-        print(f"  {'path':<16}{'calls/s':>10}{'÷ ' + peer_name:>14}{'p50 µs':>10}{'p50 added':>12}")
-        mean = {n: (statistics.mean(x for x, _ in results[(n, c)]),
-                    statistics.median(y for _, y in results[(n, c)])) for n in paths}
+        print(f"  {'path':<16}{'calls/s':>10}{'÷ ' + peer_name:>14}{'p50 µs':>10}"
+              f"{'p50 added':>12}{'proxy CPU µs/call (user + kernel)':>38}")
+        mean = {}
+        for n in paths:
+            runs = results[(n, c)]
+            cpus = [cpu for _, _, cpu in runs if cpu]
+            cpu = tuple(statistics.mean(x[i] for x in cpus) for i in range(2)) if cpus else None
+            mean[n] = (statistics.mean(r for r, _, _ in runs),
+                       round(statistics.median(p for _, p, _ in runs)), cpu)
         peer_rate = mean[peer_name][0]
         direct_p50 = mean["direct"][1]
         for n in paths:
-            rate, p50 = mean[n]
+            rate, p50, cpu = mean[n]
             added = "" if n == "direct" else f"{p50 - direct_p50:>+10d} µs"
-            print(f"  {n:<16}{rate:>10.0f}{rate / peer_rate:>13.2f}×{p50:>10d}{added:>12}")
+            used = "" if cpu is None else f"{cpu[0] + cpu[1]:>8.1f} ({cpu[0]:.1f} + {cpu[1]:.1f})"
+            print(f"  {n:<16}{rate:>10.0f}{rate / peer_rate:>13.2f}×{p50:>10d}{added:>12}"
+                  f"{used:>38}")
 
 
 if __name__ == "__main__":

@@ -539,4 +539,99 @@ mod tests {
             }
         }
     }
+
+    /// The scheduled pipe's reader and writer share the connection's task, so a release the
+    /// reader queues must not wake that task: tokio takes a task waking itself for a yield and
+    /// wakes a second worker thread to share the work, two context switches a call (sequential
+    /// calls through a 0 ms latency toxic measured 4.1 context switches and 3.3 futex calls per
+    /// call, against 2 and 0 through the copy path). The task is polled by hand with a waker that
+    /// counts the wakes made while it is being polled.
+    #[tokio::test]
+    async fn the_scheduled_pipe_never_wakes_its_own_task() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::task::{Context, Wake, Waker};
+        use tokio::io::AsyncWriteExt;
+
+        #[derive(Default)]
+        struct Counting {
+            polling: AtomicBool,
+            self_wakes: AtomicUsize,
+        }
+        impl Wake for Counting {
+            fn wake(self: Arc<Self>) {
+                self.wake_by_ref();
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                if self.polling.load(Ordering::SeqCst) {
+                    self.self_wakes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let zero_latency = Arc::new(vec![Toxic {
+            name: "l".into(),
+            kind: toxic::ToxicKind::Latency {
+                latency_ms: 0,
+                jitter_ms: 0,
+            },
+            stream: Direction::Downstream,
+            toxicity: 1.0,
+            revision: 0,
+            clients: Vec::new(),
+        }]);
+        let (_publish, toxics) = watch::channel(zero_latency);
+        let faults = Faults::Live {
+            base: Profile::builtin("local").unwrap(),
+            toxics,
+        };
+        let proxy = Proxy::with_faults(
+            echo_addr.to_string(),
+            faults,
+            ProxyOptions::default(),
+            Arc::new(ProxyStats::default()),
+        );
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(front.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = front.accept().await.unwrap();
+        let mut task = std::pin::pin!(serve_connection(
+            proxy.shared.clone(),
+            accepted,
+            0,
+            CancellationToken::new()
+        ));
+        let counting = Arc::new(Counting::default());
+        let waker = Waker::from(counting.clone());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for call in 0..20u8 {
+            client.write_all(&[call; 64]).await.unwrap();
+            let (mut got, mut buf) = (0, [0u8; 64]);
+            while got < buf.len() {
+                counting.polling.store(true, Ordering::SeqCst);
+                let polled = task.as_mut().poll(&mut Context::from_waker(&waker));
+                counting.polling.store(false, Ordering::SeqCst);
+                assert!(polled.is_pending(), "the connection ended");
+                match client.try_read(&mut buf[got..]) {
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("call {call}: {e}"),
+                }
+                assert!(Instant::now() < deadline, "call {call}: no echo");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(buf, [call; 64]);
+        }
+        assert_eq!(counting.self_wakes.load(Ordering::SeqCst), 0);
+    }
 }
