@@ -451,16 +451,9 @@ mod tests {
         }
     }
 
-    /// Once a toxic change is published, the next byte read is carried under it, whether the
-    /// connection is still copying (the change takes it over) or already scheduled. CI once
-    /// saw a 50 ms toxic missed by a ping sent after the API had answered: the connection's
-    /// task woke with both the change and the ping pending and took the ping first. Here that
-    /// wake-up is forced: the task is a future polled by hand, the change is published and the
-    /// ping sent while it is not polled, and then it is. Both orders were equally likely before
-    /// the fix, so twenty rounds would have missed it about once in a million.
-    #[tokio::test]
-    async fn a_published_toxic_applies_to_the_very_next_byte() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// A control-API style proxy (toxics from `toxics`, over the `local` profile) in front of a
+    /// fresh echo server.
+    async fn live_proxy_to_an_echo(toxics: watch::Receiver<Arc<Vec<Toxic>>>) -> Proxy {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let echo_addr = echo.local_addr().unwrap();
         tokio::spawn(async move {
@@ -471,30 +464,47 @@ mod tests {
                 });
             }
         });
-        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (publish, toxics) = watch::channel(Arc::new(Vec::new()));
         let faults = Faults::Live {
             base: Profile::builtin("local").unwrap(),
             toxics,
         };
-        let proxy = Proxy::with_faults(
+        Proxy::with_faults(
             echo_addr.to_string(),
             faults,
             ProxyOptions::default(),
             Arc::new(ProxyStats::default()),
-        );
-        let delay = Duration::from_millis(20);
-        let latency = Arc::new(vec![Toxic {
+        )
+    }
+
+    fn latency_toxic(delay: Duration, stream: Direction) -> Toxic {
+        Toxic {
             name: "l".into(),
             kind: toxic::ToxicKind::Latency {
                 latency_ms: delay.as_millis() as u64,
                 jitter_ms: 0,
             },
-            stream: Direction::Upstream,
+            stream,
             toxicity: 1.0,
             revision: 0,
             clients: Vec::new(),
-        }]);
+        }
+    }
+
+    /// Once a toxic change is published, the next byte read is carried under it, whether the
+    /// connection is still copying (the change takes it over) or already scheduled. CI once
+    /// saw a 50 ms toxic missed by a ping sent after the API had answered: the connection's
+    /// task woke with both the change and the ping pending and took the ping first. Here that
+    /// wake-up is forced: the task is a future polled by hand, the change is published and the
+    /// ping sent while it is not polled, and then it is. Both orders were equally likely before
+    /// the fix, so twenty rounds would have missed it about once in a million.
+    #[tokio::test]
+    async fn a_published_toxic_applies_to_the_very_next_byte() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (publish, toxics) = watch::channel(Arc::new(Vec::new()));
+        let proxy = live_proxy_to_an_echo(toxics).await;
+        let delay = Duration::from_millis(20);
+        let latency = Arc::new(vec![latency_toxic(delay, Direction::Upstream)]);
         let none = Arc::new(Vec::new());
         async fn pong(conn: &mut TcpStream) {
             let mut buf = [0u8; 64];
@@ -568,38 +578,9 @@ mod tests {
             }
         }
 
-        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let echo_addr = echo.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = echo.accept().await {
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
-        let zero_latency = Arc::new(vec![Toxic {
-            name: "l".into(),
-            kind: toxic::ToxicKind::Latency {
-                latency_ms: 0,
-                jitter_ms: 0,
-            },
-            stream: Direction::Downstream,
-            toxicity: 1.0,
-            revision: 0,
-            clients: Vec::new(),
-        }]);
-        let (_publish, toxics) = watch::channel(zero_latency);
-        let faults = Faults::Live {
-            base: Profile::builtin("local").unwrap(),
-            toxics,
-        };
-        let proxy = Proxy::with_faults(
-            echo_addr.to_string(),
-            faults,
-            ProxyOptions::default(),
-            Arc::new(ProxyStats::default()),
-        );
+        let zero_latency = latency_toxic(Duration::ZERO, Direction::Downstream);
+        let (_publish, toxics) = watch::channel(Arc::new(vec![zero_latency]));
+        let proxy = live_proxy_to_an_echo(toxics).await;
         let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut client = TcpStream::connect(front.local_addr().unwrap())
             .await
