@@ -313,6 +313,16 @@ async fn phase(spec: &BenchSpec, connections: Arc<Connections>) -> (Vec<Tally>, 
     (tallies, latency)
 }
 
+/// `after` from now, or as far ahead as tokio's own timers go (about 30 years) when that is
+/// past what an `Instant` holds. The command line and experiment files bound a timeout to under
+/// a year, but a `BenchSpec` built in code may carry any `Duration`, as `tokio::time::timeout`
+/// took one.
+fn deadline_after(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
 async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
     let spec = &phase.spec;
     let mut tally = Tally {
@@ -364,9 +374,7 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
             }
         };
         let mut leased = None;
-        limit
-            .as_mut()
-            .reset(tokio::time::Instant::now() + spec.timeout);
+        limit.as_mut().reset(deadline_after(spec.timeout));
         let call = async {
             let lease = phase.connections.lease(id).await?;
             let session = lease.session.clone();
@@ -407,4 +415,17 @@ async fn worker(phase: Arc<Phase>, id: usize) -> Tally {
     }
     record(&mut latencies);
     tally
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_limit_past_what_an_instant_holds_saturates() {
+        let now = tokio::time::Instant::now();
+        assert!(deadline_after(Duration::MAX) > now + Duration::from_secs(86_400 * 365 * 29));
+        let soon = deadline_after(Duration::from_millis(5));
+        assert!(soon >= now + Duration::from_millis(5) && soon < now + Duration::from_secs(60));
+    }
 }
