@@ -189,12 +189,12 @@ impl Requests {
     }
 
     /// The request for `call`, and its body (kept to check an echo's reply against).
-    pub fn request(&self, call: &Call) -> (Request<Full<Bytes>>, Bytes) {
+    pub fn request(&self, call: &Call) -> (Request<Bytes>, Bytes) {
         let op = call.operation();
         // `ALL` lists the operations in declaration order.
         let uri = self.uris[op as usize].clone();
         let body = Bytes::from(call.encode_json());
-        let mut request = Request::new(Full::new(body.clone()));
+        let mut request = Request::new(body.clone());
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         let headers = request.headers_mut();
@@ -421,27 +421,20 @@ impl HttpConnection {
         })
     }
 
-    /// Sends `request` and hands its response to `read` (see each version's `exchange`).
+    /// Sends `request` and hands its response to `read` (see each version's `exchange`). The
+    /// body is whole bytes: HTTP/2 writes it with the headers, HTTP/1.1 gives hyper it as one
+    /// chunk.
     pub(crate) async fn exchange<T, F>(
         &self,
-        request: Request<Full<Bytes>>,
+        request: Request<Bytes>,
         read: impl FnOnce(Response<ReplyBody>) -> F,
     ) -> Result<T, CallError>
     where
         F: Future<Output = Result<T, CallError>>,
     {
         match self {
-            HttpConnection::Http1(c) => c.exchange(request, read).await,
-            HttpConnection::Http2(c) => {
-                // A `Full` body is its one chunk, there at once.
-                let (head, body) = request.into_parts();
-                let body = body
-                    .collect()
-                    .await
-                    .unwrap_or_else(|e| match e {})
-                    .to_bytes();
-                c.exchange(Request::from_parts(head, body), read).await
-            }
+            HttpConnection::Http1(c) => c.exchange(request.map(Full::new), read).await,
+            HttpConnection::Http2(c) => c.exchange(request, read).await,
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use super::{inline_or_file, TargetError, Template};
@@ -155,7 +155,7 @@ struct Resolved {
 }
 
 impl Resolved {
-    fn request(&self, index: u64, worker: usize) -> Result<Request<Full<Bytes>>, CallError> {
+    fn request(&self, index: u64, worker: usize) -> Result<Request<Bytes>, CallError> {
         let path = self.path.render(self.seed, index, worker);
         // HTTP/1.1 sends origin-form with a Host header; HTTP/2 needs scheme and authority in
         // the URI (they become pseudo-headers).
@@ -176,7 +176,7 @@ impl Resolved {
             None => Bytes::new(),
         };
         builder
-            .body(Full::new(body))
+            .body(body)
             .map_err(|e| CallError::new(Failure::Other, format!("call {index}: {e}")))
     }
 }
