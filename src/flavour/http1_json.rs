@@ -12,7 +12,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::budget::Budget;
-use super::http_json::{self, CallerDriven, ReplyBody};
+use super::caller_driven::CallerDriven;
+use super::http_json::{self, ReplyBody};
 use super::{BoxFuture, CallError, Client, CountingStream, Flavour, WireCounters};
 use crate::service::RigService;
 

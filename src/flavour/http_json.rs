@@ -5,9 +5,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -307,96 +306,6 @@ impl Body for ReplyBody {
             ReplyBody::Http1(body) => body.is_end_stream(),
             ReplyBody::Http2(stream) => stream.is_end_stream(),
         }
-    }
-}
-
-/// A hyper client connection driven by the calls waiting on it rather than by a task of its
-/// own.
-///
-/// hyper's usual set-up spawns the connection future, so every call hops between two tasks:
-/// the caller hands its request to the connection task and is woken again with the response.
-/// On a one-core load generator those hops cost about as much as the HTTP work. Here the
-/// callers poll the connection themselves while they wait; readiness wakes every waiting caller
-/// (whichever runs first drives the I/O for all of them). Between calls nobody polls it, which
-/// only delays noticing a server's close until the next call.
-pub(crate) struct CallerDriven<C> {
-    /// The connection future; `None` once it has finished.
-    connection: Mutex<Option<Pin<Box<C>>>>,
-    /// Callers waiting on this connection, woken whenever the connection can make progress.
-    waiting: Arc<Waiters>,
-    /// Set when the connection future finished (the connection is closed).
-    ended: AtomicBool,
-}
-
-#[derive(Default)]
-struct Waiters(Mutex<Vec<Waker>>);
-
-impl Wake for Waiters {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        let wakers = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in wakers {
-            w.wake();
-        }
-    }
-}
-
-impl<C: Future + Send> CallerDriven<C> {
-    pub fn new(connection: C) -> CallerDriven<C> {
-        CallerDriven {
-            connection: Mutex::new(Some(Box::pin(connection))),
-            waiting: Arc::new(Waiters::default()),
-            ended: AtomicBool::new(false),
-        }
-    }
-
-    /// False once the connection has finished.
-    pub fn is_open(&self) -> bool {
-        !self.ended.load(Ordering::Relaxed)
-    }
-
-    /// Runs `exchange` to completion, driving the connection while it waits.
-    pub(crate) async fn drive<T>(
-        &self,
-        exchange: impl Future<Output = Result<T, CallError>>,
-    ) -> Result<T, CallError> {
-        let mut exchange = std::pin::pin!(exchange);
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = exchange.as_mut().poll(cx) {
-                return Poll::Ready(r);
-            }
-            {
-                let mut waiting = self.waiting.0.lock().unwrap_or_else(|e| e.into_inner());
-                if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
-                    waiting.push(cx.waker().clone());
-                }
-            }
-            // Another thread may be driving it right now; its progress wakes us too.
-            if let Ok(mut slot) = self.connection.try_lock() {
-                if let Some(connection) = slot.as_mut() {
-                    let waker = Waker::from(self.waiting.clone());
-                    if connection
-                        .as_mut()
-                        .poll(&mut Context::from_waker(&waker))
-                        .is_ready()
-                    {
-                        *slot = None;
-                        self.ended.store(true, Ordering::Relaxed);
-                    }
-                }
-            }
-            match exchange.as_mut().poll(cx) {
-                Poll::Ready(r) => Poll::Ready(r),
-                Poll::Pending if self.ended.load(Ordering::Relaxed) => Poll::Ready(Err(
-                    CallError::new(Failure::Reset, "connection closed before the reply"),
-                )),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await
     }
 }
 

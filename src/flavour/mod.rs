@@ -7,6 +7,7 @@
 //! failures into the outcome columns of the CSV ([`Failure`]).
 
 pub mod budget;
+pub(crate) mod caller_driven;
 pub mod grpc;
 pub mod http1_json;
 pub mod http2_json;
