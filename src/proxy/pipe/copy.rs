@@ -10,7 +10,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::socket::{forward_some, reset_and_abort, shutdown_write, write_all, Forwarded};
+use super::socket::{
+    forward_some, reset_and_abort, reset_on_close, shutdown_write, write_all, Forwarded, READ_CHUNK,
+};
+use super::splice::{Spliced, BULK_FILL};
 use super::Ends;
 use crate::proxy::DirectionStats;
 use crate::toxic::Toxic;
@@ -159,19 +162,33 @@ async fn copy(
     abort: &CancellationToken,
     stop: impl Interrupt,
 ) -> Copied {
+    // Taken the first time a read fills the whole buffer (see `splice`), kept from then on.
+    // Boxed, as is each bulk step below: every idle connection's state would otherwise carry
+    // room for bulk it may never see.
+    let mut pipe: Option<Box<Spliced>> = None;
+    // Cleared when the system refuses a pipe (out of descriptors): reads and writes carry on.
+    let mut spliceable = true;
+    let mut bulk = false;
     loop {
+        if let Some(pipe) = pipe.as_mut().filter(|_| bulk) {
+            match Box::pin(spliced(src, dst, pipe, stats, abort, stop)).await {
+                Ok(n) => bulk = n >= BULK_FILL,
+                Err(ended) => return ended,
+            }
+            continue;
+        }
         // Stopped while waiting for data, nothing is held: every byte read so far went on.
         let Some(step) = stop.unless(std::pin::pin!(forward_some(src, dst))).await else {
             return Copied::Stopped(Bytes::new());
         };
-        let mut rest = match step {
+        let (read, mut rest) = match step {
             Ok(Forwarded::Passed(n)) => {
                 stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                continue;
+                (n, Bytes::new())
             }
             Ok(Forwarded::Left { passed, rest }) => {
                 stats.bytes.fetch_add(passed as u64, Ordering::Relaxed);
-                rest
+                (passed + rest.len(), rest)
             }
             Ok(Forwarded::End) => {
                 shutdown_write(dst);
@@ -186,19 +203,80 @@ async fn copy(
                 return Copied::Aborted;
             }
         };
-        // The destination is full: wait for it, stoppable, with what is left.
-        let len = rest.len();
-        let wrote = stop.unless(std::pin::pin!(write_all(dst, &mut rest))).await;
-        stats
-            .bytes
-            .fetch_add((len - rest.len()) as u64, Ordering::Relaxed);
-        match wrote {
-            None => return Copied::Stopped(rest),
-            Some(Ok(())) => {}
-            Some(Err(_)) => {
-                reset_and_abort(src, abort);
-                return Copied::Aborted;
+        if !rest.is_empty() {
+            // The destination is full: wait for it, stoppable, with what is left.
+            let len = rest.len();
+            let wrote = stop.unless(std::pin::pin!(write_all(dst, &mut rest))).await;
+            stats
+                .bytes
+                .fetch_add((len - rest.len()) as u64, Ordering::Relaxed);
+            match wrote {
+                None => return Copied::Stopped(rest),
+                Some(Ok(())) => {}
+                Some(Err(_)) => {
+                    reset_and_abort(src, abort);
+                    return Copied::Aborted;
+                }
             }
         }
+        if read == READ_CHUNK && spliceable {
+            if pipe.is_none() {
+                match Spliced::new() {
+                    Ok(p) => pipe = Some(Box::new(p)),
+                    Err(e) => {
+                        tracing::debug!("no pipe for bulk ({e}); reads and writes carry on");
+                        spliceable = false;
+                    }
+                }
+            }
+            bulk = pipe.is_some();
+        }
+    }
+}
+
+/// One fill of `pipe` from `src` and its drain into `dst`: the bytes moved, or how the
+/// direction ended.
+async fn spliced(
+    src: &TcpStream,
+    dst: &TcpStream,
+    pipe: &mut Spliced,
+    stats: &DirectionStats,
+    abort: &CancellationToken,
+    stop: impl Interrupt,
+) -> Result<usize, Copied> {
+    // Stopped while waiting for data, the pipe is empty: every byte read so far went on.
+    let n = match stop.unless(std::pin::pin!(pipe.fill(src))).await {
+        None => return Err(Copied::Stopped(Bytes::new())),
+        Some(Ok(0)) => {
+            shutdown_write(dst);
+            return Err(Copied::Finished);
+        }
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            reset_and_abort(dst, abort);
+            return Err(Copied::Aborted);
+        }
+    };
+    let count = |n: usize| {
+        stats.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    let drained = stop.unless(std::pin::pin!(pipe.drain(dst, count))).await;
+    match drained {
+        Some(Ok(())) => Ok(n),
+        Some(Err(_)) => {
+            reset_and_abort(src, abort);
+            Err(Copied::Aborted)
+        }
+        // Stopped with bytes in the pipe: they are handed over with the direction.
+        None => match pipe.take() {
+            Ok(rest) => Err(Copied::Stopped(rest)),
+            Err(e) => {
+                // Bytes the connection cannot deliver: it must break, not carry on short.
+                tracing::warn!("reading back a pipe failed ({e}); resetting the connection");
+                reset_on_close(src);
+                reset_and_abort(dst, abort);
+                Err(Copied::Aborted)
+            }
+        },
     }
 }

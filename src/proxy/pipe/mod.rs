@@ -17,12 +17,14 @@
 //! - [`schedule`]: impaired ones, each direction a reader that asks the model when its bytes
 //!   are due and a writer that delivers them then;
 //! - [`live`]: a control-API connection's toxics, followed while it is open;
-//! - [`socket`]: the socket calls both paths share.
+//! - [`socket`]: the socket calls both paths share;
+//! - [`splice`]: bulk on the copy path, moved through a pipe instead of the proxy's memory.
 
 mod copy;
 mod live;
 mod schedule;
 mod socket;
+mod splice;
 
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
