@@ -683,6 +683,19 @@ pub(crate) mod test_support {
         (addr, stop)
     }
 
+    /// A deduct of quantity 0, which the service refuses: an answer the client counts as an
+    /// `other` failure naming the quantity, on a connection that stays open.
+    pub(crate) async fn a_refused_deduct_is_counted_other(client: &dyn Client) {
+        let refused = Call::Deduct(pb::DeductRequest {
+            sku: "x".into(),
+            quantity: 0,
+        });
+        let e = client.call(&refused).await.unwrap_err();
+        assert_eq!(e.kind, Failure::Other, "{e}");
+        assert!(e.detail.contains("quantity must be positive"), "{e}");
+        assert!(client.is_open());
+    }
+
     /// A deduct on a new connection succeeds: the server is still serving.
     pub(crate) async fn deduct_works(flavour: &'static dyn Flavour, addr: std::net::SocketAddr) {
         let wire = Arc::new(WireCounters::default());

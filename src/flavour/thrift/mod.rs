@@ -502,14 +502,7 @@ mod tests {
         // The connection goes on; a failed deduct (quantity 0) is an exception, counted `other`.
         let wire = Arc::new(WireCounters::default());
         let client = Thrift.connect(&addr.to_string(), &wire).await.unwrap();
-        let bad = Call::Deduct(pb::DeductRequest {
-            sku: "x".into(),
-            quantity: 0,
-        });
-        let err = client.call(&bad).await.unwrap_err();
-        assert_eq!(err.kind, Failure::Other, "{err}");
-        assert!(err.detail.contains("quantity"), "{err}");
-        assert!(client.is_open());
+        crate::flavour::test_support::a_refused_deduct_is_counted_other(&*client).await;
         deduct_works(addr).await;
     }
 
