@@ -9,7 +9,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::future::{maybe_done, MaybeDone};
+use futures_util::future::Join;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -439,43 +439,17 @@ impl<'a> HalfPipe<'a> {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// One direction's reader and writer, run together with the reader polled first every time:
-    /// what the reader queued in a poll, the writer sees in the same poll (see
-    /// [`HalfPipe::push`]). A struct rather than an async fn, whose state would hold each
-    /// future twice (once as an argument, once pinned), doubling an idle connection's task.
-    struct ReaderThenWriter<R: Future, W: Future> {
-        #[pin]
-        read: MaybeDone<R>,
-        #[pin]
-        write: MaybeDone<W>,
-    }
-}
-
-fn reader_then_writer<R, W>(read: R, write: W) -> ReaderThenWriter<R, W>
+/// One direction's reader and writer, run together with the reader polled first every time:
+/// what the reader queued in a poll, the writer sees in the same poll (see [`HalfPipe::push`]).
+/// `futures`' `join` polls its futures in argument order on every poll (tokio's `join!` rotates
+/// the first, which would leave a release queued until the next wake-up). A struct, not an async
+/// fn, whose state would hold each future twice and double an idle connection's task.
+fn reader_then_writer<R, W>(read: R, write: W) -> Join<R, W>
 where
     R: Future<Output = ()>,
     W: Future<Output = ()>,
 {
-    ReaderThenWriter {
-        read: maybe_done(read),
-        write: maybe_done(write),
-    }
-}
-
-impl<R: Future<Output = ()>, W: Future<Output = ()>> Future for ReaderThenWriter<R, W> {
-    type Output = ();
-
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        let this = self.project();
-        let read = this.read.poll(cx).is_ready();
-        let write = this.write.poll(cx).is_ready();
-        if read && write {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
+    futures_util::future::join(read, write)
 }
 
 /// Pending once, without asking to be woken: the caller is polled again when something else
