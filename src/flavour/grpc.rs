@@ -17,6 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use super::http2_json::Http2Connection;
+use super::http_json::operation_uris;
 use super::{check, BoxFuture, CallError, Client, Failure, Flavour, WireCounters, MAX_MESSAGE};
 use crate::rig::pb::rig_server::{Rig, RigServer};
 use crate::rig::{pb, Call, Operation, Reply};
@@ -222,15 +223,9 @@ struct GrpcClient {
 impl GrpcClient {
     fn new(connection: GrpcConnection) -> Result<GrpcClient, CallError> {
         let origin = &connection.origin;
-        let uri = |op: Operation| {
-            http::Uri::try_from(format!("{origin}rig.Rig/{}", op.name()))
-                .map_err(|e| CallError::new(Failure::Connect, format!("bad target {origin}: {e}")))
-        };
-        let [a, b, c, d] = Operation::ALL.map(uri);
-        Ok(GrpcClient {
-            uris: [a?, b?, c?, d?],
-            connection,
-        })
+        let uris = operation_uris(|op| format!("{origin}rig.Rig/{}", op.name()))
+            .map_err(|e| CallError::new(Failure::Connect, format!("bad target {origin}: {e}")))?;
+        Ok(GrpcClient { uris, connection })
     }
 
     /// Sends `call` and returns its reply's message (unframed) and the request's message.

@@ -159,6 +159,15 @@ pub struct Requests {
     host: Option<HeaderValue>,
 }
 
+/// One URI per operation, in [`Operation::ALL`] order (index it with `op as usize`), made once
+/// per connection: what the HTTP flavours and the gRPC client send each call to.
+pub(crate) fn operation_uris(
+    text: impl Fn(Operation) -> String,
+) -> Result<[Uri; Operation::ALL.len()], http::uri::InvalidUri> {
+    let [a, b, c, d] = Operation::ALL.map(|op| Uri::try_from(text(op)));
+    Ok([a?, b?, c?, d?])
+}
+
 impl Requests {
     pub fn new(authority: &str, absolute: bool) -> Result<Requests, CallError> {
         let bad = |e: &dyn std::fmt::Display| {
@@ -167,18 +176,17 @@ impl Requests {
                 format!("bad authority {authority:?}: {e}"),
             )
         };
-        let uri = |op: Operation| {
+        let uris = operation_uris(|op| {
             let path = format!("{PREFIX}{}", op.name());
-            let text = if absolute {
+            if absolute {
                 format!("http://{authority}{path}")
             } else {
                 path
-            };
-            Uri::try_from(text).map_err(|e| bad(&e))
-        };
-        let [a, b, c, d] = Operation::ALL.map(uri);
+            }
+        })
+        .map_err(|e| bad(&e))?;
         Ok(Requests {
-            uris: [a?, b?, c?, d?],
+            uris,
             host: if absolute {
                 None
             } else {
