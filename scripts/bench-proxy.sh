@@ -5,10 +5,11 @@
 #
 #   scripts/bench-proxy.sh           full run
 #   scripts/bench-proxy.sh --quick   smaller counts (a smoke test, ~30 s)
-#   scripts/bench-proxy.sh --vs noxious PATH [--rounds N] [--seconds S]
-#                                    calls/s and p50 at 1, 16 and 64 connections through each
-#                                    of our paths and a Toxiproxy-compatible peer, alternating
-#                                    (scripts/bench_vs.py; ~5 min at the defaults)
+#   scripts/bench-proxy.sh --vs noxious PATH [--rounds N] [--seconds S] [--perf]
+#                                    calls/s and latency at 1, 16 and 64 connections through
+#                                    each of our paths and a Toxiproxy-compatible peer,
+#                                    alternating (scripts/bench_vs.py; ~5 min at the defaults);
+#                                    --perf then profiles each proxy at 16 connections
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # 10,000 connections through a proxy need ~40,000 descriptors across the processes.

@@ -12,12 +12,15 @@ busy spell of this shared machine lands on every path alike):
   NAME                the peer's proxy, created through its Toxiproxy API, without toxics
 
 For each of 1 (sequential), 16 and 64 connections (one worker per connection, order calls),
-`faultrig bench` runs for the given seconds. Printed: calls/s and p50 per path (mean over rounds),
-each proxy's calls/s as a ratio to the peer's, the p50 each adds over direct, and the CPU time the
-proxy's process spent per call, user and kernel (from /proc/PID/stat over the bench, warm-up
-included, divided by the calls that window carried at the measured rate): on a machine that the
-client, the server and the proxy share, that is what decides the calls/s. Everything runs on
-127.0.0.1 and every process started here is killed at exit.
+`faultrig bench` runs for the given seconds. Printed per path: calls/s (mean over rounds) and
+its ratio to the peer's; latency (p50, mean and p99 as medians over rounds, max as the worst
+round's) and the p50 each proxy adds over direct; and the CPU time the proxy's process spent
+per call, user and kernel (from /proc/PID/stat over the bench, warm-up included, divided by the
+calls that window carried at the measured rate): on a machine that the client, the server and
+the proxy share, that is what decides the calls/s. Everything runs on 127.0.0.1 and every
+process started here is killed at exit. With --perf (needs perf, Debian's linux-perf), each
+proxy is then profiled through one more 16-connection run: its kernel and user shares and its
+top symbols.
 """
 
 import argparse
@@ -96,7 +99,8 @@ def cpu_seconds(pid):
 
 
 def bench(target, connections, seconds, out, proxy_pid):
-    """calls/s, p50 µs, and the proxy's (user, kernel) CPU µs per call (None for direct)."""
+    """calls/s, latency (mean, p50, p99, max µs), and the proxy's (user, kernel) CPU µs per call
+    (None for direct)."""
     before = cpu_seconds(proxy_pid) if proxy_pid else None
     subprocess.run([FAULTRIG, "bench", "--flavour", "tcp-binary", "--target", target,
                     "--mode", "per-worker", "--concurrency", str(connections),
@@ -112,7 +116,8 @@ def bench(target, connections, seconds, out, proxy_pid):
         after = cpu_seconds(proxy_pid)
         carried = rate * (seconds + WARMUP_S)
         cpu = tuple((a - b) / carried * 1e6 for a, b in zip(after, before))
-    return rate, int(row["lat_p50_us"]), cpu
+    latency = tuple(int(row[f"lat_{q}_us"]) for q in ("mean", "p50", "p99", "max"))
+    return rate, latency, cpu
 
 
 def main():
@@ -120,6 +125,9 @@ def main():
     ap.add_argument("--vs", nargs=2, metavar=("NAME", "PATH"), required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--perf", action="store_true",
+                    help="after the rounds, where each proxy's time goes at 16 connections "
+                         "(perf samples of its process)")
     a = ap.parse_args()
     peer_name, peer_path = a.vs
     if not os.access(peer_path, os.X_OK):
@@ -154,6 +162,8 @@ def main():
                 for n, (target, pid) in paths.items():
                     results[(n, c)].append(bench(target, c, a.seconds, out, pid))
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr)
+        profiles = {n: profile(target, pid, a.seconds, out, tmp)
+                    for n, (target, pid) in paths.items() if pid and a.perf}
 
     print(f"proxies side by side: tcp-binary order calls, {a.rounds} alternating rounds of "
           f"{a.seconds:g} s per cell, means over rounds")
@@ -161,22 +171,75 @@ def main():
         label = "sequential (1 connection)" if c == 1 else f"{c} connections"
         print(f"\n{label}")
         print(f"  {'path':<16}{'calls/s':>10}{'÷ ' + peer_name:>14}{'p50 µs':>10}"
-              f"{'p50 added':>12}{'proxy CPU µs/call (user + kernel)':>38}")
+              f"{'p50 added':>12}{'mean µs':>10}{'p99 µs':>9}{'max µs':>9}"
+              f"{'proxy CPU µs/call (user + kernel)':>38}")
         mean = {}
         for n in paths:
             runs = results[(n, c)]
             cpus = [cpu for _, _, cpu in runs if cpu]
             cpu = tuple(statistics.mean(x[i] for x in cpus) for i in range(2)) if cpus else None
-            mean[n] = (statistics.mean(r for r, _, _ in runs),
-                       round(statistics.median(p for _, p, _ in runs)), cpu)
+            # Latencies are medians over rounds (one busy spell does not move them); the max
+            # is the worst round's, which is where a stall shows.
+            latency = tuple(round(statistics.median(lat[i] for _, lat, _ in runs))
+                            for i in range(3)) + (max(lat[3] for _, lat, _ in runs),)
+            mean[n] = (statistics.mean(r for r, _, _ in runs), latency, cpu)
         peer_rate = mean[peer_name][0]
-        direct_p50 = mean["direct"][1]
+        direct_p50 = mean["direct"][1][1]
         for n in paths:
-            rate, p50, cpu = mean[n]
+            rate, (avg, p50, p99, worst), cpu = mean[n]
             added = "" if n == "direct" else f"{p50 - direct_p50:>+10d} µs"
             used = "" if cpu is None else f"{cpu[0] + cpu[1]:>8.1f} ({cpu[0]:.1f} + {cpu[1]:.1f})"
             print(f"  {n:<16}{rate:>10.0f}{rate / peer_rate:>13.2f}×{p50:>10d}{added:>12}"
-                  f"{used:>38}")
+                  f"{avg:>10d}{p99:>9d}{worst:>9d}{used:>38}")
+    for n, (shares, top) in profiles.items():
+        print(f"\nwhere {n}'s time goes, 16 connections (perf samples of its process)")
+        print("  " + ", ".join(f"{share:.0f} % {what}" for what, share in shares))
+        for share, symbol in top:
+            print(f"  {share:>6.1f} %  {symbol}")
+
+
+# What a proxy's kernel symbols are doing, checked in order. perf samples on the CPU clock in
+# this VM (no PMU), so time with interrupts off lands where they are turned back on: most of
+# finish_task_switch and _raw_spin_unlock_irq* is the switch or the wake-up they end.
+KERNEL_WORK = [
+    ("TCP/IP send and receive",
+     r"tcp|^ip_|^__ip|skb|^sk_|^__sk|sock|^net|^__net|dev_|napi|inet|loopback|bbr|cubic"
+     r"|^release_sock|^lock_sock|copy|memcpy|memmove|memset|csum|dst_|nf_|page_frag|kmem|slab"
+     r"|kmalloc|kfree"),
+    ("scheduling and wake-ups",
+     r"schedule|switch|wake|ttwu|futex|^ep_|epoll|enqueue|dequeue|^update_|pick_next|_raw_spin"
+     r"|hrtimer|idle|select_task|balance|cpuacct|psi_"),
+    ("system calls' entry and exit", r"syscall|^entry_|fdget|fget|fput|^__x64_sys|^__sys"),
+]
+
+
+def profile(target, pid, seconds, out, tmp):
+    """perf samples of process `pid` while 16 connections call through `target`: the shares
+    (% of samples) of user code and of the kernel's kinds of work, and the top symbols."""
+    data = os.path.join(tmp, "perf.data")
+    rec = subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-p", str(pid), "-o", data,
+                            "--", "sleep", str(seconds)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench(target, 16, seconds, out, pid)
+    rec.wait()
+    report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
+                             "--sort", "sym"], capture_output=True, text=True).stdout
+    shares = {what: 0.0 for what, _ in KERNEL_WORK}
+    shares["other kernel"] = shares["user code"] = 0.0
+    top = []
+    for line in report.splitlines():
+        m = re.match(r"\s+([\d.]+)%\s+\[(.)\]\s+(.+?)\s*$", line)
+        if not m:
+            continue
+        share, kernel, symbol = float(m.group(1)), m.group(2) == "k", m.group(3)
+        what = "user code"
+        if kernel:
+            what = next((w for w, pattern in KERNEL_WORK if re.search(pattern, symbol)),
+                        "other kernel")
+        shares[what] += share
+        if len(top) < 8:
+            top.append((share, f"{'[k]' if kernel else '[u]'} {symbol}"))
+    return sorted(shares.items(), key=lambda x: -x[1]), top
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::socket::{
@@ -50,7 +51,6 @@ pub async fn copy_until_toxics(
             }
             if !toxics.borrow_and_update().is_empty() {
                 handover.now.store(true, Ordering::Relaxed);
-                handover.bell.notify_waiters();
                 return std::future::pending::<()>().await;
             }
         }
@@ -58,7 +58,9 @@ pub async fn copy_until_toxics(
     let copied = std::pin::pin!(copy_phase(ends, &handover));
     // The watch is polled first on every wake-up: a toxic the API has confirmed is seen before
     // any byte read in the same wake-up is copied past it. Unbiased, a ping sent just after
-    // the API's answer could be read and copied first (seen in CI).
+    // the API's answer could be read and copied first (seen in CI). And the copies are polled
+    // right after it, in the same task: the wake-up that brought the toxic is the one that
+    // stops them, wherever they wait, with no bell of their own to ring.
     tokio::select! {
         biased;
         () = watch => unreachable!("the watch never returns"),
@@ -66,11 +68,12 @@ pub async fn copy_until_toxics(
     }
 }
 
-/// Tells both copying directions to stop where they are.
+/// Tells both copying directions to stop where they are. A flag and no bell: the copies run
+/// in the watch's own task and see it on the very poll that set it (see [`copy_until_toxics`]).
+/// Atomic only because the task may move between threads.
 #[derive(Default)]
 struct HandOver {
     now: std::sync::atomic::AtomicBool,
-    bell: Notify,
 }
 
 /// What may stop a copying direction where it stands. The plain copy path is never stopped and
@@ -93,18 +96,16 @@ impl Interrupt for Never {
 }
 
 impl Interrupt for &HandOver {
-    async fn unless<F: Future>(self, work: Pin<&mut F>) -> Option<F::Output> {
-        // The wait is registered before the flag is read, so a hand-over called in between
-        // still rings it.
-        let bell = self.bell.notified();
-        if self.now.load(Ordering::Relaxed) {
-            return None;
-        }
-        tokio::select! {
-            biased;
-            () = bell => None,
-            done = work => Some(done),
-        }
+    async fn unless<F: Future>(self, mut work: Pin<&mut F>) -> Option<F::Output> {
+        // Looked at before every poll of the work: the task's wake-up that set it polls this
+        // too (every join and select on the way polls all its branches).
+        std::future::poll_fn(|cx| {
+            if self.now.load(Ordering::Relaxed) {
+                return Poll::Ready(None);
+            }
+            work.as_mut().poll(cx).map(Some)
+        })
+        .await
     }
 }
 
