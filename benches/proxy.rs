@@ -230,8 +230,10 @@ fn rtt(bin: &Path, scale: usize) {
 /// repeated or moved anywhere in the stream changes what the sink sees at its offset.
 const BULK_CHUNK: usize = 1 << 20;
 
-fn bulk_pattern() -> Vec<u8> {
-    (0..BULK_CHUNK).map(|i| (i % 251) as u8).collect()
+/// Made once and shared: the sender and the sink of every run use the same bytes.
+fn bulk_pattern() -> &'static [u8] {
+    static PATTERN: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| (0..BULK_CHUNK).map(|i| (i % 251) as u8).collect())
 }
 
 /// Reads to end of stream, checking every byte against [`bulk_pattern`] at its offset, then

@@ -442,8 +442,8 @@ impl<'a> HalfPipe<'a> {
 /// One direction's reader and writer, run together with the reader polled first every time:
 /// what the reader queued in a poll, the writer sees in the same poll (see [`HalfPipe::push`]).
 /// `futures`' `join` polls its futures in argument order on every poll (tokio's `join!` rotates
-/// the first, which would leave a release queued until the next wake-up). A struct, not an async
-/// fn, whose state would hold each future twice and double an idle connection's task.
+/// the first, which would leave a release queued until the next wake-up). `Join` is a plain
+/// struct; an async fn's state would hold each future twice and double an idle connection's task.
 fn reader_then_writer<R, W>(read: R, write: W) -> Join<R, W>
 where
     R: Future<Output = ()>,
