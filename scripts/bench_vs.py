@@ -10,6 +10,8 @@ busy spell of this shared machine lands on every path alike):
   api                 a faultrig control-API proxy without toxics
   api+latency0        the same with a 0 ms latency toxic (the scheduled pipe)
   NAME                the peer's proxy, created through its Toxiproxy API, without toxics
+  haproxy             HAProxy in TCP mode, one thread per core, when installed (Debian's
+                      package): a mature C proxy's figures on this machine, for scale
 
 For each of 1 (sequential), 16 and 64 connections (one worker per connection, order calls),
 `faultrig bench` runs for the given seconds. Printed per path: calls/s (mean over rounds) and
@@ -28,6 +30,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -88,6 +91,37 @@ def toxiproxy_proxy(api, name, upstream):
     listen = f"127.0.0.1:{free_port()}"
     got = rest(api, "POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream})
     return got.get("listen", listen)
+
+
+def haproxy(upstream, tmp):
+    """HAProxy in TCP mode in front of `upstream`, one thread per core, as the proxy bench
+    runs it for bulk (`option splice-auto` splices only what fills its buffers, so calls are
+    read and written); its address and pid, or None when it is not installed."""
+    if not shutil.which("haproxy"):
+        print("bench_vs: haproxy is not installed (apt-get install haproxy): its reference "
+              "row is left out", file=sys.stderr)
+        return None
+    listen = f"127.0.0.1:{free_port()}"
+    config = os.path.join(tmp, "haproxy.cfg")
+    with open(config, "w") as f:
+        f.write(f"global\n  nbthread {os.cpu_count()}\n"
+                "defaults\n  mode tcp\n  option splice-auto\n  timeout connect 5s\n"
+                "  timeout client 60s\n  timeout server 60s\n"
+                f"listen calls\n  bind {listen}\n  server upstream {upstream}\n")
+    # -db: stays in the foreground, so the child is HAProxy itself and dies on kill.
+    p = subprocess.Popen(["haproxy", "-db", "-f", config],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children.append(p)
+    host, port = listen.split(":")
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return listen, p.pid
+        except OSError:
+            time.sleep(0.05)
+    print("bench_vs: haproxy did not start listening; its row is left out", file=sys.stderr)
+    return None
 
 
 def cpu_seconds(pid):
@@ -154,8 +188,11 @@ def main():
     wait_for(theirs)
     paths[peer_name] = (toxiproxy_proxy(theirs, "plain", server), p.pid)
 
-    results = {(n, c): [] for n in paths for c in CONNECTIONS}
     with tempfile.TemporaryDirectory() as tmp:
+        reference = haproxy(server, tmp)
+        if reference:
+            paths["haproxy"] = reference
+        results = {(n, c): [] for n in paths for c in CONNECTIONS}
         out = os.path.join(tmp, "rows.csv")
         for r in range(a.rounds):
             for c in CONNECTIONS:
@@ -191,6 +228,9 @@ def main():
             used = "" if cpu is None else f"{cpu[0] + cpu[1]:>8.1f} ({cpu[0]:.1f} + {cpu[1]:.1f})"
             print(f"  {n:<16}{rate:>10.0f}{rate / peer_rate:>13.2f}×{p50:>10d}{added:>12}"
                   f"{avg:>10d}{p99:>9d}{worst:>9d}{used:>38}")
+    print("\nEvery connection waits for its reply before calling again, so a path's mean latency is "
+          "its connections ÷ its calls/s\n(Little's law): at equal calls/s, a lower p50 only "
+          "means waits spread less evenly (p50 far under the mean).")
     for n, (shares, top) in profiles.items():
         print(f"\nwhere {n}'s time goes, 16 connections (perf samples of its process)")
         print("  " + ", ".join(f"{share:.0f} % {what}" for what, share in shares))

@@ -25,7 +25,8 @@
 //! - [`experiment`], [`runner`], [`report`]: experiment files, `faultrig run` (servers and
 //!   proxies started here, or on other hosts driven through their control API), the tables;
 //!   [`external`]: flavours in any language, run as a server and a client process.
-//! - [`net`]: listener set-up and the one accept loop every server uses; [`child`]: child
+//! - [`net`]: listener set-up, the one accept loop every server uses, and the per-core
+//!   runtimes a proxy's connections run on; [`child`]: child
 //!   processes that end with the process that started them.
 //! - [`cli`]: the command line (flags defined once, here); `main.rs` only dispatches.
 

@@ -141,6 +141,7 @@ pub async fn run(
         shutdown,
         "control API",
         MAX_CONNECTIONS.min(crate::net::connection_cap(None, 1)),
+        None,
         move |stream, _, cancel| {
             let registry = served.clone();
             async move {

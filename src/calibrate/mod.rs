@@ -377,6 +377,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future) -> io::Result<(
         shutdown,
         "calibrate server",
         crate::net::connection_cap(None, 1),
+        None,
         |s, _, cancel| async move {
             let _ = s.set_nodelay(true);
             tokio::select! {

@@ -164,6 +164,7 @@ pub(crate) async fn serve_with(
         shutdown,
         flavour.name(),
         cap,
+        None,
         |stream, _, cancel| {
             let _ = stream.set_nodelay(nodelay);
             let connection = flavour.serve_connection(stream, service.clone());

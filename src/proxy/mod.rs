@@ -248,11 +248,19 @@ impl Proxy {
         // Two descriptors per connection (client and upstream), four on the kernel engine.
         let fds = if self.shared.kernel.is_some() { 4 } else { 2 };
         let cap = crate::net::connection_cap(self.shared.options.max_connections, fds);
-        crate::net::accept_until(listener, shutdown, &label, cap, |client, peer, cancel| {
-            tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
-            ordinal += 1;
-            serve_connection(self.shared.clone(), client, ordinal - 1, cancel)
-        })
+        let shards = crate::net::Shards::get();
+        crate::net::accept_until(
+            listener,
+            shutdown,
+            &label,
+            cap,
+            shards,
+            |client, peer, cancel| {
+                tracing::debug!(proxy = %self.shared.options.name, %peer, ordinal, "accepted");
+                ordinal += 1;
+                serve_connection(self.shared.clone(), client, ordinal - 1, cancel)
+            },
+        )
         .await
     }
 }
