@@ -265,14 +265,14 @@ impl Shard {
         })
     }
 
-    /// `stream`, accepted on another runtime, re-registered with this shard's I/O driver, and
-    /// its place here.
-    fn adopt(&self, stream: TcpStream) -> io::Result<(TcpStream, Placed)> {
+    /// `stream`, accepted on another runtime, re-registered with this shard's I/O driver; the
+    /// runtime to spawn it on, and its place here.
+    fn adopt(&self, stream: TcpStream) -> io::Result<(TcpStream, tokio::runtime::Handle, Placed)> {
         let stream = stream.into_std()?;
         let _here = self.runtime.enter();
         let stream = TcpStream::from_std(stream)?;
         self.live.fetch_add(1, Ordering::Relaxed);
-        Ok((stream, Placed(self.live.clone())))
+        Ok((stream, self.runtime.clone(), Placed(self.live.clone())))
     }
 }
 
@@ -389,20 +389,21 @@ where
             Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
                 Ok(slot) => {
                     keep_alive(&stream);
-                    let Some(shards) = shards else {
-                        let connection = handle(stream, peer, cancel.child_token());
-                        // `map`, not an async block awaiting it: the block would hold the
-                        // future twice (captured, and again while awaited), doubling every
-                        // connection's task.
-                        tasks.spawn(connection.map(move |()| drop(slot)));
-                        continue;
+                    // Where the connection runs: on the runtime that accepted it, or moved to
+                    // the least loaded shard, holding its place there until it ends.
+                    let placed = match shards {
+                        None => Ok((stream, tokio::runtime::Handle::current(), None)),
+                        Some(shards) => (shards.least_loaded().adopt(stream))
+                            .map(|(stream, shard, place)| (stream, shard, Some(place))),
                     };
-                    let shard = shards.least_loaded();
-                    match shard.adopt(stream) {
-                        Ok((stream, placed)) => {
+                    match placed {
+                        Ok((stream, runtime, place)) => {
                             let connection = handle(stream, peer, cancel.child_token());
-                            let task = connection.map(move |()| drop((slot, placed)));
-                            tasks.spawn_on(task, &shard.runtime);
+                            // `map`, not an async block awaiting it: the block would hold the
+                            // future twice (captured, and again while awaited), doubling every
+                            // connection's task.
+                            let task = connection.map(move |()| drop((slot, place)));
+                            tasks.spawn_on(task, &runtime);
                         }
                         Err(e) => {
                             // The socket is closed with the error; its peer sees a reset.
